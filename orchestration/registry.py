@@ -1,0 +1,327 @@
+"""Typed task specifications, their validation, and the schedule plan each rule implies.
+
+A task is declared once (see ``orchestration/tasks.py``); everything Dagster sees — the
+job, the schedule, its cron and timezone, tags, descriptions — is derived from it here
+and in ``orchestration/factory.py``. Nothing in this module imports Dagster.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from orchestration.slots import (
+    Cadence,
+    cron_cadence,
+    cron_effective_cadence,
+    first_fire_in_slot,
+    floor_to_slot,
+    format_due,
+    is_valid_cron,
+    slot_index,
+)
+
+STRICT_CURRENT_SLOT = "strict_current_slot"
+CATCH_UP = "catch_up"
+MISSED_SLOT_POLICIES = (STRICT_CURRENT_SLOT, CATCH_UP)
+OVERLAP_QUEUE = "queue"
+OVERLAP_POLICIES = (OVERLAP_QUEUE,)
+#: A catch-up window longer than this would let a long outage replay a flood of dues.
+MAX_CATCH_UP_WINDOW = timedelta(days=7)
+
+_SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+
+
+# --- rules ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cron:
+    """Run at the fires of a five-field cron expression, read in the configured timezone."""
+
+    expression: str
+
+    def describe(self) -> str:
+        return f"cron '{self.expression}'"
+
+
+@dataclass(frozen=True)
+class EverySlots:
+    """Run every ``n`` slots, counted from 1970-01-01T00:00Z (so ``n=4`` on 15-minute
+    slots runs on the UTC hour)."""
+
+    n: int
+
+    def describe(self) -> str:
+        return f"every {self.n} slot{'s' if self.n != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class NthSlotOfDay:
+    """Run once a day, in slot number ``n`` (0-based) of the day in the configured timezone."""
+
+    n: int
+
+    def describe(self) -> str:
+        return f"slot {self.n} of the day"
+
+
+Rule = Cron | EverySlots | NthSlotOfDay
+
+
+class TaskSpecError(ValueError):
+    """A task declaration is invalid; the message names the task and the field."""
+
+    def __init__(self, task_key: str, field_name: str, problem: str) -> None:
+        super().__init__(
+            f"task {task_key!r}: {field_name}: {problem} (fix it in orchestration/tasks.py)"
+        )
+        self.task_key = task_key
+        self.field_name = field_name
+
+
+# --- task spec ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaskSpec:
+    """One unit of scheduled work: a Dagster job materializing ``asset``, on ``rule``."""
+
+    key: str
+    rule: Rule
+    declared_cadence: str
+    asset: str
+    description: str = ""
+    timeout: timedelta = timedelta(minutes=10)
+    lease_ttl: timedelta = timedelta(minutes=15)
+    max_attempts: int = 3
+    manual_trigger: bool = True
+    missed_slot_policy: str = STRICT_CURRENT_SLOT
+    catch_up_window: timedelta | None = None
+    overlap_policy: str = OVERLAP_QUEUE
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.key}_job"
+
+    @property
+    def schedule_name(self) -> str:
+        return f"{self.key}_schedule"
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """How a rule maps onto one Dagster schedule.
+
+    ``cron`` fires at least at every due (possibly more often); an evaluation keeps a
+    fire only when it is the first of its slot and, with ``every_n_slots``, when the
+    slot lies on the rule's grid.
+    """
+
+    cron: str
+    timezone: str
+    every_n_slots: int | None = None
+
+
+@dataclass(frozen=True)
+class TickDecision:
+    """What one schedule evaluation at a scheduled time decides."""
+
+    due: datetime
+    due_key: str
+    skip_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A task with everything derived from the slot and timezone (what `tasks` shows)."""
+
+    spec: TaskSpec
+    plan: SchedulePlan
+    declared: Cadence
+    effective: Cadence
+    slot_minutes: int
+    warnings: tuple[str, ...] = field(default=())
+
+    def as_json(self) -> dict[str, object]:
+        s = self.spec
+        return {
+            "key": s.key,
+            "rule": s.rule.describe(),
+            "declared_cadence": s.declared_cadence,
+            "declared_interval_minutes": self.declared.minutes,
+            "effective_cadence": self.effective.label,
+            "effective_interval_minutes": self.effective.minutes,
+            "slot_minutes": self.slot_minutes,
+            "cron": self.plan.cron,
+            "timezone": self.plan.timezone,
+            "job": s.job_name,
+            "schedule": s.schedule_name,
+            "asset": s.asset,
+            "timeout_seconds": int(s.timeout.total_seconds()),
+            "lease_ttl_seconds": int(s.lease_ttl.total_seconds()),
+            "max_attempts": s.max_attempts,
+            "manual_trigger": s.manual_trigger,
+            "missed_slot_policy": s.missed_slot_policy,
+            "catch_up_window_seconds": (
+                int(s.catch_up_window.total_seconds()) if s.catch_up_window else None
+            ),
+            "overlap_policy": s.overlap_policy,
+            "warnings": list(self.warnings),
+        }
+
+
+def _grid_cron(minutes: int) -> str | None:
+    """A cron that fires exactly every ``minutes`` from UTC midnight, if one exists."""
+    if minutes < 60 and 60 % minutes == 0:
+        return f"*/{minutes} * * * *" if minutes > 1 else "* * * * *"
+    if minutes == 60:
+        return "0 * * * *"
+    if minutes % 60 == 0 and 1440 % minutes == 0:
+        hours = minutes // 60
+        return "0 0 * * *" if hours == 24 else f"0 */{hours} * * *"
+    return None
+
+
+def schedule_plan(rule: Rule, slot_minutes: int, timezone: str) -> SchedulePlan:
+    """Map a rule onto a Dagster cron + timezone (+ an optional every-N-slots filter)."""
+    if isinstance(rule, Cron):
+        return SchedulePlan(rule.expression, timezone)
+    if isinstance(rule, EverySlots):
+        exact = _grid_cron(rule.n * slot_minutes)
+        if exact is not None:
+            return SchedulePlan(exact, "UTC")
+        slot_cron = _grid_cron(slot_minutes)
+        assert slot_cron is not None  # slot length divides a day (settings validates it)
+        return SchedulePlan(slot_cron, "UTC", every_n_slots=rule.n)
+    minutes = rule.n * slot_minutes
+    return SchedulePlan(f"{minutes % 60} {minutes // 60} * * *", timezone)
+
+
+def decide_tick(plan: SchedulePlan, scheduled_time: datetime, slot_minutes: int) -> TickDecision:
+    """Pure schedule evaluation: the due of a scheduled time, or why this tick is skipped."""
+    due = floor_to_slot(scheduled_time, slot_minutes)
+    key = format_due(due)
+    if not first_fire_in_slot(plan.cron, scheduled_time, slot_minutes, plan.timezone):
+        return TickDecision(
+            due,
+            key,
+            f"tick at {format_due(scheduled_time)} is not the first of slot {key} "
+            f"({slot_minutes}-minute slots): the slot's run was requested by an earlier tick",
+        )
+    if plan.every_n_slots and slot_index(due, slot_minutes) % plan.every_n_slots:
+        return TickDecision(
+            due, key, f"slot {key} is not on this task's every-{plan.every_n_slots}-slots grid"
+        )
+    return TickDecision(due, key)
+
+
+def _cadences(rule: Rule, slot_minutes: int, timezone: str) -> tuple[Cadence, Cadence]:
+    if isinstance(rule, Cron):
+        return (
+            cron_cadence(rule.expression, timezone),
+            cron_effective_cadence(rule.expression, slot_minutes, timezone),
+        )
+    if isinstance(rule, EverySlots):
+        return Cadence(rule.n * slot_minutes), Cadence(rule.n * slot_minutes)
+    return Cadence(1440), Cadence(1440)
+
+
+def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
+    """Raise TaskSpecError naming the task and the field for the first problem found."""
+    key = spec.key
+    if not isinstance(key, str) or not _SNAKE_CASE.match(key):
+        raise TaskSpecError(str(key), "key", "must be snake_case, e.g. 'order_cleanup'")
+    rule = spec.rule
+    if isinstance(rule, Cron):
+        if not is_valid_cron(rule.expression):
+            raise TaskSpecError(
+                key, "rule", f"invalid cron expression {rule.expression!r} (five fields expected)"
+            )
+    elif isinstance(rule, EverySlots):
+        if not isinstance(rule.n, int) or rule.n < 1:
+            raise TaskSpecError(key, "rule", f"EverySlots(n={rule.n!r}) needs n >= 1")
+    elif isinstance(rule, NthSlotOfDay):
+        per_day = 1440 // slot_minutes
+        if not isinstance(rule.n, int) or not 0 <= rule.n < per_day:
+            raise TaskSpecError(
+                key,
+                "rule",
+                f"NthSlotOfDay(n={rule.n!r}) must be in 0..{per_day - 1} "
+                f"for {slot_minutes}-minute slots",
+            )
+    else:
+        raise TaskSpecError(
+            key, "rule", f"unknown rule {rule!r}; use Cron, EverySlots or NthSlotOfDay"
+        )
+    if not spec.declared_cadence.strip():
+        raise TaskSpecError(key, "declared_cadence", "must say how often the task is meant to run")
+    if not spec.asset:
+        raise TaskSpecError(key, "asset", "must name the asset the task's job materializes")
+    if spec.timeout <= timedelta(0):
+        raise TaskSpecError(key, "timeout", f"must be positive, got {spec.timeout}")
+    if spec.lease_ttl <= spec.timeout:
+        raise TaskSpecError(
+            key,
+            "lease_ttl",
+            f"{spec.lease_ttl} must be greater than timeout {spec.timeout}, or a run still "
+            f"inside its timeout could be reclaimed",
+        )
+    if not isinstance(spec.max_attempts, int) or spec.max_attempts < 1:
+        raise TaskSpecError(key, "max_attempts", f"must be >= 1, got {spec.max_attempts!r}")
+    if spec.missed_slot_policy not in MISSED_SLOT_POLICIES:
+        raise TaskSpecError(
+            key,
+            "missed_slot_policy",
+            f"unknown policy {spec.missed_slot_policy!r}; "
+            f"use one of {', '.join(MISSED_SLOT_POLICIES)}",
+        )
+    if spec.missed_slot_policy == CATCH_UP:
+        window = spec.catch_up_window
+        if window is None or not timedelta(0) < window <= MAX_CATCH_UP_WINDOW:
+            raise TaskSpecError(
+                key,
+                "catch_up_window",
+                f"catch_up needs a bounded window in (0, {MAX_CATCH_UP_WINDOW}], got {window}",
+            )
+    elif spec.catch_up_window is not None:
+        raise TaskSpecError(
+            key, "catch_up_window", "only meaningful with missed_slot_policy='catch_up'"
+        )
+    if spec.overlap_policy not in OVERLAP_POLICIES:
+        raise TaskSpecError(
+            key,
+            "overlap_policy",
+            f"unknown policy {spec.overlap_policy!r}; use one of {', '.join(OVERLAP_POLICIES)}",
+        )
+
+
+def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> list[TaskView]:
+    """Validate every spec and derive plan and cadences; duplicates are an error.
+
+    A load-time ``UserWarning`` is emitted for every task whose declared cadence is finer
+    than what its slot allows, so the difference shows up in `dagster dev` logs too.
+    """
+    seen: set[str] = set()
+    views: list[TaskView] = []
+    for spec in specs:
+        validate_spec(spec, slot_minutes)
+        if spec.key in seen:
+            raise TaskSpecError(spec.key, "key", "is declared twice; task keys must be unique")
+        seen.add(spec.key)
+        plan = schedule_plan(spec.rule, slot_minutes, timezone)
+        declared, effective = _cadences(spec.rule, slot_minutes, timezone)
+        notes: list[str] = []
+        if declared.minutes < effective.minutes:
+            notes.append(
+                f"task {spec.key!r} declares {declared.label} ({spec.rule.describe()}) but "
+                f"runs {effective.label} on {slot_minutes}-minute slots"
+            )
+        for note in notes:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        views.append(TaskView(spec, plan, declared, effective, slot_minutes, tuple(notes)))
+    return views
+
+
+def find_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec | None:
+    """The spec registered under ``key``, or None."""
+    return next((s for s in specs if s.key == key), None)

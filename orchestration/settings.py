@@ -1,0 +1,94 @@
+"""The one place that decides the environment (local vs production) and its settings.
+
+Everything else asks this module: where DAGSTER_HOME is, which database the ledger and the
+source store use, the slot length and the timezone crons are read in. Reading the
+process environment happens here only; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+ENV_SLOT_MINUTES = "DUELEDGER_SLOT_MINUTES"
+ENV_TIMEZONE = "DUELEDGER_TIMEZONE"
+ENV_DATABASE_URL = "DUELEDGER_DATABASE_URL"
+ENV_SOURCE_URL = "DUELEDGER_SOURCE_URL"
+ENV_OPERATORS = "DUELEDGER_OPERATORS"
+
+DEFAULT_SLOT_MINUTES = 15
+MINUTES_PER_DAY = 24 * 60
+
+#: The repository checkout this package runs from (editable install / `dagster dev`).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingsError(ValueError):
+    """A dueledger environment variable holds a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings for this process."""
+
+    environment: str  # "local" (embedded SQLite) or "production" (external database)
+    dagster_home: Path
+    ledger_url: str
+    source_url: str
+    slot_minutes: int
+    timezone: str
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def parse_slot_minutes(raw: str | None) -> int:
+    """Validate a slot length: a whole number of minutes that divides a day."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_SLOT_MINUTES
+    try:
+        minutes = int(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{ENV_SLOT_MINUTES}={raw!r} is not a whole number of minutes; "
+            f"use a divisor of 1440 such as 1, 5, 15 or 60"
+        ) from None
+    if minutes <= 0 or MINUTES_PER_DAY % minutes != 0:
+        raise SettingsError(
+            f"{ENV_SLOT_MINUTES}={minutes} must be a positive divisor of 1440 "
+            f"(minutes per day) so that slots tile every day, e.g. 1, 5, 15, 30 or 60"
+        )
+    return minutes
+
+
+def parse_timezone(raw: str | None) -> str:
+    """Validate an IANA timezone name (crons are read in it; keys are always UTC)."""
+    name = (raw or "").strip() or "UTC"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(
+            f"{ENV_TIMEZONE}={name!r} is not an IANA timezone name (e.g. 'UTC', 'Europe/Berlin')"
+        ) from None
+    return name
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Decide the environment from the process environment (or the mapping given)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
+    ledger_url = env.get(ENV_DATABASE_URL) or _sqlite_url(home / "dueledger_ledger.sqlite")
+    source_url = env.get(ENV_SOURCE_URL) or _sqlite_url(home / "dueledger_source.sqlite")
+    environment = "local" if ledger_url.startswith("sqlite") else "production"
+    return Settings(
+        environment=environment,
+        dagster_home=home,
+        ledger_url=ledger_url,
+        source_url=source_url,
+        slot_minutes=parse_slot_minutes(env.get(ENV_SLOT_MINUTES)),
+        timezone=parse_timezone(env.get(ENV_TIMEZONE)),
+    )

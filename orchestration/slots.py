@@ -1,0 +1,152 @@
+"""Pure time helpers: slot flooring, due strings, rule matching and cadence.
+
+No Dagster import and no wall clock here: every function takes the instant it reasons
+about, so schedules, sensors, the CLI and the tests all agree on the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+DUE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def as_utc(instant: datetime) -> datetime:
+    """Return the same instant in UTC; naive datetimes are taken to be UTC already."""
+    if instant.tzinfo is None:
+        return instant.replace(tzinfo=UTC)
+    return instant.astimezone(UTC)
+
+
+def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
+    """The start of the slot that contains ``instant`` (UTC, slots counted from the epoch).
+
+    Because the slot length divides a day, slots also start at every UTC midnight.
+    """
+    utc = as_utc(instant)
+    slot_seconds = slot_minutes * 60
+    epoch_seconds = int(utc.timestamp())
+    return datetime.fromtimestamp(epoch_seconds - epoch_seconds % slot_seconds, tz=UTC)
+
+
+def slot_index(due: datetime, slot_minutes: int) -> int:
+    """Number of whole slots between the epoch and ``due``."""
+    return int(as_utc(due).timestamp()) // (slot_minutes * 60)
+
+
+def format_due(due: datetime) -> str:
+    """The due string used as run_key, tag and dedup key: ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return as_utc(due).strftime(DUE_FORMAT)
+
+
+def parse_due(text: str) -> datetime:
+    """Inverse of :func:`format_due`; raises ValueError naming the text when malformed."""
+    try:
+        return datetime.strptime(text, DUE_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        raise ValueError(f"due {text!r} is not of the form YYYY-MM-DDTHH:MM:SSZ") from None
+
+
+def is_valid_cron(expression: str) -> bool:
+    """True when croniter (and therefore Dagster) accepts the five-field expression."""
+    return len(expression.split()) == 5 and croniter.is_valid(expression)
+
+
+def first_fire_in_slot(
+    cron: str, fire_time: datetime, slot_minutes: int, timezone: str = "UTC"
+) -> bool:
+    """Is ``fire_time`` (a fire time of ``cron``) the first fire of ``cron`` in its slot?
+
+    A cron finer than the slot fires several times per slot; only the first fire may
+    start a run, so the others are skipped instead of starting duplicates.
+    """
+    local = as_utc(fire_time).astimezone(ZoneInfo(timezone))
+    previous = croniter(cron, local).get_prev(datetime)
+    return as_utc(previous) < floor_to_slot(fire_time, slot_minutes)
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """A typical interval between runs, with a human label."""
+
+    minutes: int
+
+    @property
+    def label(self) -> str:
+        return cadence_label(self.minutes)
+
+
+def cadence_label(minutes: int) -> str:
+    """Human wording for an interval in minutes ("every 15 minutes", "hourly", "daily")."""
+    named = {1: "every minute", 60: "hourly", 1440: "daily", 10080: "weekly"}
+    if minutes in named:
+        return named[minutes]
+    if minutes % 1440 == 0:
+        return f"every {minutes // 1440} days"
+    if minutes % 60 == 0:
+        return f"every {minutes // 60} hours"
+    return f"every {minutes} minutes"
+
+
+#: How far ahead cadence sampling looks, and how many fire times it inspects at most.
+_SAMPLE_START = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, far from DST changes
+_SAMPLE_FIRES = 600
+_SAMPLE_SPAN = timedelta(days=400)
+
+
+def cron_fire_times(cron: str, timezone: str, start: datetime, end: datetime) -> list[datetime]:
+    """Fire times of ``cron`` (read in ``timezone``) in ``[start, end)``, as UTC instants.
+
+    Bounded to a few thousand fires so a pathological call cannot run away.
+    """
+    tz = ZoneInfo(timezone)
+    itr = croniter(cron, as_utc(start).astimezone(tz) - timedelta(microseconds=1))
+    fires: list[datetime] = []
+    end_utc = as_utc(end)
+    while len(fires) < 100_000:
+        fire = as_utc(itr.get_next(datetime))
+        if fire >= end_utc:
+            break
+        fires.append(fire)
+    return fires
+
+
+def _min_gap_minutes(instants: list[datetime]) -> int | None:
+    gaps = [int((b - a).total_seconds() // 60) for a, b in pairwise(instants)]
+    gaps = [g for g in gaps if g > 0]
+    return min(gaps) if gaps else None
+
+
+def cron_cadence(cron: str, timezone: str = "UTC") -> Cadence:
+    """The finest interval between consecutive fires of ``cron`` (its declared cadence)."""
+    tz = ZoneInfo(timezone)
+    itr = croniter(cron, _SAMPLE_START.astimezone(tz))
+    fires = []
+    for _ in range(_SAMPLE_FIRES):
+        fire = as_utc(itr.get_next(datetime))
+        if fire - _SAMPLE_START > _SAMPLE_SPAN:
+            break
+        fires.append(fire)
+    gap = _min_gap_minutes(fires)
+    return Cadence(gap if gap is not None else 525_600)
+
+
+def cron_effective_cadence(cron: str, slot_minutes: int, timezone: str = "UTC") -> Cadence:
+    """The finest interval between distinct dues once fires are floored to the slot."""
+    tz = ZoneInfo(timezone)
+    itr = croniter(cron, _SAMPLE_START.astimezone(tz))
+    dues: list[datetime] = []
+    for _ in range(_SAMPLE_FIRES):
+        fire = as_utc(itr.get_next(datetime))
+        if fire - _SAMPLE_START > _SAMPLE_SPAN:
+            break
+        due = floor_to_slot(fire, slot_minutes)
+        if not dues or dues[-1] != due:
+            dues.append(due)
+    gap = _min_gap_minutes(dues)
+    return Cadence(gap if gap is not None else 525_600)

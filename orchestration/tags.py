@@ -1,0 +1,75 @@
+"""Names of the public contract (see DESIGN.md): tag keys, trigger values, statuses.
+
+Every module uses these constants; string literals for them are not scattered around.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- dueledger tags -----------------------------------------------------------------
+TAG_TASK: Final = "dueledger/task"
+TAG_TRIGGER: Final = "dueledger/trigger"
+TAG_DUE: Final = "dueledger/due"
+TAG_REQUEST_ID: Final = "dueledger/request_id"
+TAG_OPERATOR: Final = "dueledger/operator"
+TAG_REASON: Final = "dueledger/reason"
+TAG_PARENT_ENTRY: Final = "dueledger/parent_entry"
+
+# --- trigger values -------------------------------------------------------------------
+TRIGGER_SCHEDULE: Final = "schedule"
+TRIGGER_SENSOR: Final = "sensor"
+TRIGGER_MANUAL: Final = "manual"
+TRIGGER_MANUAL_RETRY: Final = "manual_retry"
+TRIGGER_BACKFILL: Final = "backfill"
+TRIGGERS: Final = (
+    TRIGGER_SCHEDULE,
+    TRIGGER_SENSOR,
+    TRIGGER_MANUAL,
+    TRIGGER_MANUAL_RETRY,
+    TRIGGER_BACKFILL,
+)
+
+# --- ledger entry statuses and failure kinds -----------------------------------------
+STATUS_QUEUED: Final = "queued"
+STATUS_RUNNING: Final = "running"
+STATUS_RETRYING: Final = "retrying"
+STATUS_SUCCESS: Final = "success"
+STATUS_FAILED: Final = "failed"
+STATUS_DISPATCH_FAILED: Final = "dispatch_failed"
+STATUSES: Final = (
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    STATUS_RETRYING,
+    STATUS_SUCCESS,
+    STATUS_FAILED,
+    STATUS_DISPATCH_FAILED,
+)
+TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED)
+
+FAILURE_ERROR: Final = "error"
+FAILURE_TIMEOUT: Final = "timeout"
+FAILURE_LEASE_RECLAIMED: Final = "lease_reclaimed"
+FAILURE_UNSUPPORTED_TASK: Final = "unsupported_task"
+FAILURE_DISPATCH: Final = "dispatch"
+FAILURE_KINDS: Final = (
+    FAILURE_ERROR,
+    FAILURE_TIMEOUT,
+    FAILURE_LEASE_RECLAIMED,
+    FAILURE_UNSUPPORTED_TASK,
+    FAILURE_DISPATCH,
+)
+
+# --- Dagster's own tags that dueledger reads or sets ----------------------------------
+DAGSTER_RUN_KEY: Final = "dagster/run_key"
+DAGSTER_SCHEDULE_NAME: Final = "dagster/schedule_name"
+DAGSTER_SENSOR_NAME: Final = "dagster/sensor_name"
+DAGSTER_BACKFILL: Final = "dagster/backfill"
+DAGSTER_PARTITION: Final = "dagster/partition"
+DAGSTER_PARENT_RUN_ID: Final = "dagster/parent_run_id"
+DAGSTER_ROOT_RUN_ID: Final = "dagster/root_run_id"
+DAGSTER_RETRY_NUMBER: Final = "dagster/retry_number"
+DAGSTER_WILL_RETRY: Final = "dagster/will_retry"
+DAGSTER_MAX_RETRIES: Final = "dagster/max_retries"
+DAGSTER_MAX_RUNTIME: Final = "dagster/max_runtime"
+DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"

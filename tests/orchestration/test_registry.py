@@ -1,0 +1,111 @@
+"""Invalid task specs fail at definition load, naming the task and the field."""
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from orchestration.registry import (
+    CATCH_UP,
+    Cron,
+    EverySlots,
+    NthSlotOfDay,
+    TaskSpec,
+    TaskSpecError,
+    build_views,
+)
+
+GOOD = TaskSpec(
+    key="nightly_report",
+    rule=Cron("0 2 * * *"),
+    declared_cadence="daily",
+    asset="nightly_report",
+    timeout=timedelta(minutes=5),
+    lease_ttl=timedelta(minutes=10),
+)
+
+
+def test_a_good_spec_builds_a_view_with_defaults():
+    (view,) = build_views([GOOD], 15, "UTC")
+    assert view.spec.max_attempts == 3
+    assert view.spec.missed_slot_policy == "strict_current_slot"
+    assert view.spec.overlap_policy == "queue"
+    assert view.effective.label == "daily"
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "field", "words"),
+    [
+        ("bad_cron", {"rule": Cron("61 * * * *")}, "rule", "invalid cron"),
+        ("six_field_cron", {"rule": Cron("0 0 2 * * *")}, "rule", "invalid cron"),
+        ("zero_slots", {"rule": EverySlots(0)}, "rule", "n >= 1"),
+        ("slot_past_end_of_day", {"rule": NthSlotOfDay(96)}, "rule", "0..95"),
+        (
+            "lease_ttl_equal_to_timeout",
+            {"lease_ttl": timedelta(minutes=5)},
+            "lease_ttl",
+            "greater than timeout",
+        ),
+        (
+            "lease_ttl_below_timeout",
+            {"lease_ttl": timedelta(minutes=1)},
+            "lease_ttl",
+            "greater than timeout",
+        ),
+        ("camel_case_key", {"key": "nightlyReport"}, "key", "snake_case"),
+        ("dashed_key", {"key": "nightly-report"}, "key", "snake_case"),
+        (
+            "unknown_missed_slot_policy",
+            {"missed_slot_policy": "skip"},
+            "missed_slot_policy",
+            "unknown policy 'skip'",
+        ),
+        (
+            "unknown_overlap_policy",
+            {"overlap_policy": "allow"},
+            "overlap_policy",
+            "unknown policy 'allow'",
+        ),
+        (
+            "catch_up_without_window",
+            {"missed_slot_policy": CATCH_UP},
+            "catch_up_window",
+            "bounded window",
+        ),
+        (
+            "catch_up_window_unbounded",
+            {"missed_slot_policy": CATCH_UP, "catch_up_window": timedelta(days=30)},
+            "catch_up_window",
+            "bounded window",
+        ),
+        ("zero_attempts", {"max_attempts": 0}, "max_attempts", ">= 1"),
+    ],
+)
+def test_each_bad_spec_names_its_task_and_field(name, change, field, words):
+    spec = replace(GOOD, **change)
+    with pytest.raises(TaskSpecError) as err:
+        build_views([spec], 15, "UTC")
+    message = str(err.value)
+    assert f"task {spec.key!r}" in message
+    assert f": {field}:" in message
+    assert words in message
+
+
+def test_a_duplicate_key_is_refused():
+    with pytest.raises(TaskSpecError, match="declared twice"):
+        build_views([GOOD, replace(GOOD, rule=Cron("0 3 * * *"))], 15, "UTC")
+
+
+def test_a_declared_cadence_finer_than_the_slot_warns_at_load():
+    fine = replace(
+        GOOD, key="tick_every_minute", rule=Cron("* * * * *"), declared_cadence="every minute"
+    )
+    with pytest.warns(UserWarning, match="declares every minute .* runs every 15 minutes"):
+        (view,) = build_views([fine], 15, "UTC")
+    assert view.warnings
+
+
+def test_catch_up_with_a_bounded_window_is_accepted():
+    spec = replace(GOOD, missed_slot_policy=CATCH_UP, catch_up_window=timedelta(hours=2))
+    (view,) = build_views([spec], 15, "UTC")
+    assert view.as_json()["catch_up_window_seconds"] == 7200

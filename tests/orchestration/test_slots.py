@@ -1,0 +1,146 @@
+"""Due and cadence arithmetic as tables of named instants (STYLE.md §9)."""
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from orchestration.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
+from orchestration.slots import (
+    cron_cadence,
+    cron_effective_cadence,
+    first_fire_in_slot,
+    floor_to_slot,
+    format_due,
+    parse_due,
+)
+
+DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("name", "instant", "expected_due"),
+    [
+        ("just_before_due", DUE - timedelta(seconds=1), "2026-11-30T22:30:00Z"),
+        ("at_due", DUE, "2026-11-30T22:45:00Z"),
+        ("inside_slot", DUE + timedelta(minutes=14, seconds=59), "2026-11-30T22:45:00Z"),
+        ("one_slot_later", DUE + timedelta(minutes=15), "2026-11-30T23:00:00Z"),
+        ("crossing_midnight", datetime(2026, 12, 1, 0, 7, tzinfo=UTC), "2026-12-01T00:00:00Z"),
+        (
+            "just_before_midnight",
+            datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC),
+            "2026-11-30T23:45:00Z",
+        ),
+        (
+            "non_utc_input_is_converted",
+            datetime(2026, 11, 30, 23, 50, tzinfo=timezone(timedelta(hours=1))),
+            "2026-11-30T22:45:00Z",
+        ),
+    ],
+)
+def test_due_is_the_scheduled_time_floored_to_the_slot_in_utc(name, instant, expected_due):
+    assert format_due(floor_to_slot(instant, 15)) == expected_due
+
+
+def test_due_strings_round_trip_and_reject_other_shapes():
+    assert parse_due(format_due(DUE)) == DUE
+    with pytest.raises(ValueError, match="YYYY-MM-DDTHH:MM:SSZ"):
+        parse_due("2026-11-30 22:45")
+
+
+@pytest.mark.parametrize(
+    ("name", "fire", "first"),
+    [
+        ("first_minute_of_slot", datetime(2026, 11, 30, 22, 45, tzinfo=UTC), True),
+        ("second_minute_of_slot", datetime(2026, 11, 30, 22, 46, tzinfo=UTC), False),
+        ("last_minute_of_slot", datetime(2026, 11, 30, 22, 59, tzinfo=UTC), False),
+        ("next_slot", datetime(2026, 11, 30, 23, 0, tzinfo=UTC), True),
+    ],
+)
+def test_an_every_minute_cron_starts_only_one_run_per_slot(name, fire, first):
+    assert first_fire_in_slot("* * * * *", fire, 15) is first
+
+
+def test_a_cron_firing_mid_slot_keys_on_the_slot_start():
+    plan = schedule_plan(Cron("7 * * * *"), 15, "UTC")
+    decision = decide_tick(plan, datetime(2026, 11, 30, 22, 7, tzinfo=UTC), 15)
+    assert decision.skip_reason is None
+    assert decision.due_key == "2026-11-30T22:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("name", "rule", "slot", "tz", "declared", "effective"),
+    [
+        ("every_minute_on_15_minute_slots", Cron("* * * * *"), 15, "UTC", 1, 15),
+        ("every_5_minutes_on_15_minute_slots", Cron("*/5 * * * *"), 15, "UTC", 5, 15),
+        ("hourly_cron", Cron("0 * * * *"), 15, "UTC", 60, 60),
+        ("daily_cron", Cron("0 2 * * *"), 15, "UTC", 1440, 1440),
+        ("every_slot", EverySlots(1), 15, "UTC", 15, 15),
+        ("every_4_slots", EverySlots(4), 15, "UTC", 60, 60),
+        ("every_slot_on_1_minute_slots", EverySlots(1), 1, "UTC", 1, 1),
+        ("nth_slot_of_day", NthSlotOfDay(8), 15, "Europe/Berlin", 1440, 1440),
+    ],
+)
+def test_effective_cadence_follows_from_rule_and_slot(name, rule, slot, tz, declared, effective):
+    from orchestration.registry import _cadences
+
+    got_declared, got_effective = _cadences(rule, slot, tz)
+    assert (got_declared.minutes, got_effective.minutes) == (declared, effective)
+
+
+def test_cron_cadence_helpers_agree_with_hand_counts():
+    assert cron_cadence("*/10 * * * *").minutes == 10
+    assert cron_effective_cadence("*/10 * * * *", 15).minutes == 15
+    assert cron_effective_cadence("*/20 * * * *", 15).minutes == 15  # :00,:20→:15,:40→:30
+
+
+class TestDstInANonUtcTimezone:
+    """Europe/Berlin leaves summer time on 2026-10-25 03:00 CEST -> 02:00 CET."""
+
+    TZ = "Europe/Berlin"
+
+    def test_a_daily_local_cron_keys_on_utc_dues_across_the_change(self):
+        plan = schedule_plan(Cron("30 6 * * *"), 15, self.TZ)
+        before = decide_tick(plan, datetime(2026, 10, 24, 4, 30, tzinfo=UTC), 15)  # 06:30 CEST
+        after = decide_tick(plan, datetime(2026, 10, 26, 5, 30, tzinfo=UTC), 15)  # 06:30 CET
+        assert (before.skip_reason, after.skip_reason) == (None, None)
+        assert before.due_key == "2026-10-24T04:30:00Z"
+        assert after.due_key == "2026-10-26T05:30:00Z"
+
+    def test_the_repeated_local_hour_does_not_start_two_runs_in_one_slot(self):
+        # 02:00-03:00 local happens twice; an every-minute cron keeps one run per slot.
+        plan = schedule_plan(Cron("* * * * *"), 15, self.TZ)
+        first = decide_tick(plan, datetime(2026, 10, 25, 0, 30, tzinfo=UTC), 15)
+        second = decide_tick(plan, datetime(2026, 10, 25, 0, 31, tzinfo=UTC), 15)
+        assert first.skip_reason is None
+        assert second.skip_reason is not None
+
+    def test_nth_slot_of_day_is_read_in_local_time(self):
+        plan = schedule_plan(NthSlotOfDay(8), 15, self.TZ)  # 02:00 local
+        assert plan.cron == "0 2 * * *"
+        assert plan.timezone == self.TZ
+        decision = decide_tick(plan, datetime(2026, 11, 30, 1, 0, tzinfo=UTC), 15)  # 02:00 CET
+        assert decision.skip_reason is None
+        assert decision.due_key == "2026-11-30T01:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("name", "slot", "n", "cron", "every"),
+    [
+        ("quarter_hour_grid", 15, 1, "*/15 * * * *", None),
+        ("hourly_grid", 15, 4, "0 * * * *", None),
+        ("four_hour_grid", 60, 4, "0 */4 * * *", None),
+        ("no_cron_for_75_minutes", 15, 5, "*/15 * * * *", 5),
+    ],
+)
+def test_every_n_slots_uses_an_exact_cron_when_one_exists(name, slot, n, cron, every):
+    plan = schedule_plan(EverySlots(n), slot, "Europe/Berlin")
+    assert (plan.cron, plan.timezone, plan.every_n_slots) == (cron, "UTC", every)
+
+
+def test_every_5_slots_skips_slots_off_its_grid():
+    plan = schedule_plan(EverySlots(5), 15, "UTC")
+    epoch_aligned = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(minutes=75 * 23_600)
+    on_grid = decide_tick(plan, epoch_aligned, 15)
+    off_grid = decide_tick(plan, epoch_aligned + timedelta(minutes=15), 15)
+    assert on_grid.skip_reason is None
+    assert off_grid.skip_reason is not None and "every-5-slots grid" in off_grid.skip_reason
