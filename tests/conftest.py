@@ -1,0 +1,116 @@
+"""Root test configuration: isolation from the developer's environment, database URLs.
+
+Fixtures:
+- ``pg_server`` (session): a throwaway PostgreSQL server (``pg_server.PgServer``).
+- ``postgres_url``: a fresh, empty database on it, as a ``postgresql+psycopg2://`` URL.
+- ``sqlite_url``: a ``sqlite:///`` URL to a file in the test's tmp_path (not created).
+- ``ledger_url``: parametrized ``sqlite`` / ``postgres`` (the latter marked ``postgres``).
+- ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    # Test helper modules (pg_server, dagster_internals, ...) import as top-level modules.
+    sys.path.insert(0, str(TESTS_DIR))
+
+import pg_server as pg  # noqa: E402
+
+_ISOLATED_ENV: dict[str, str] = {}
+_SAVED_ENV: dict[str, str] = {}
+
+
+def _apply_isolated_env() -> None:
+    for key in [k for k in os.environ if k.startswith("DUELEDGER_")]:
+        del os.environ[key]
+    os.environ.update(_ISOLATED_ENV)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Done this early (not only in a fixture) so that imports during collection never see
+    # the developer's real DAGSTER_HOME or DUELEDGER_* settings either.
+    _SAVED_ENV.update(
+        {k: v for k, v in os.environ.items() if k.startswith("DUELEDGER_") or k == "DAGSTER_HOME"}
+    )
+    home = tempfile.mkdtemp(prefix="dueledger-test-dagster-home-")
+    _ISOLATED_ENV["DAGSTER_HOME"] = home
+    _apply_isolated_env()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = _ISOLATED_ENV.pop("DAGSTER_HOME", None)
+    if home:
+        shutil.rmtree(home, ignore_errors=True)
+        if os.environ.get("DAGSTER_HOME") == home:
+            del os.environ["DAGSTER_HOME"]
+    os.environ.update(_SAVED_ENV)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Anything that needs the server is a postgres test, so `-m "not postgres"` deselects it.
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dagster_home() -> Iterator[Path]:
+    """The session's temporary DAGSTER_HOME (also re-applies the isolation)."""
+    _apply_isolated_env()
+    yield Path(_ISOLATED_ENV["DAGSTER_HOME"])
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.PgServer]:
+    """A throwaway PostgreSQL server on 127.0.0.1, stopped and removed at session end."""
+    try:
+        server = pg.start_server()
+    except pg.PgServerError as exc:
+        pytest.fail(f"throwaway PostgreSQL server unavailable: {exc}", pytrace=False)
+    watchdog = pg.start_watchdog(server)
+    try:
+        yield server
+    finally:
+        server.stop(remove=True)
+        watchdog.kill()
+        watchdog.wait()
+
+
+@pytest.fixture
+def postgres_url(pg_server: pg.PgServer) -> Iterator[str]:
+    """A new empty database for this test; dropped (connections forced off) afterwards."""
+    name = f"t_{uuid.uuid4().hex[:20]}"
+    url = pg_server.create_database(name)
+    yield url
+    with contextlib.suppress(Exception):
+        pg_server.drop_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """SQLAlchemy URL of a SQLite file (not yet created) in this test's tmp_path."""
+    return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def ledger_url(request: pytest.FixtureRequest) -> str:
+    """A fresh ledger database URL: SQLite file or PostgreSQL database."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
