@@ -1,0 +1,107 @@
+"""Table definitions of the run ledger (SQLAlchemy Core), shared by the code and its tests.
+
+The tables themselves are created by the Alembic migrations in ``resources/migrations``
+(``RunLedger.migrate()``); this module describes the *current* shape so that queries can
+be built from it. A test compares it with what the migrations produce, so the two cannot
+drift apart unnoticed.
+
+Conventions:
+- Times are stored timezone-naive in UTC (``DateTime`` without time zone on both
+  dialects); the ledger API converts at its boundary.
+- JSON columns are ``JSONB`` on PostgreSQL (appendable in SQL with ``||``) and SQLite's
+  JSON text elsewhere.
+- Ids are 64-bit on PostgreSQL; SQLite uses ``INTEGER PRIMARY KEY AUTOINCREMENT`` so ids are
+  never reused (the ledger never deletes rows, but an id must never mean two entries).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+ENTRIES_TABLE: Final = "dueledger_entries"
+AUDIT_TABLE: Final = "dueledger_audit"
+#: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
+#: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
+VERSION_TABLE: Final = "dueledger_alembic_version"
+
+ID_TYPE = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+metadata = sa.MetaData()
+
+entries = sa.Table(
+    ENTRIES_TABLE,
+    metadata,
+    sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    sa.Column("task_key", sa.String(200), nullable=False),
+    sa.Column("trigger", sa.String(32), nullable=False),
+    sa.Column("origin", sa.String(16), nullable=False),
+    sa.Column("dedup_key", sa.String(400), nullable=False),
+    sa.Column("due", sa.DateTime(), nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column(
+        "parent_id",
+        ID_TYPE,
+        # No ON DELETE CASCADE: deleting a parent must never take its lineage with it.
+        sa.ForeignKey(f"{ENTRIES_TABLE}.id", name="fk_dueledger_entries_parent_id"),
+        nullable=True,
+    ),
+    sa.Column("run_ids", JSON_TYPE, nullable=False),
+    sa.Column("lease_owner", sa.String(255), nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(), nullable=True),
+    sa.Column("heartbeat_at", sa.DateTime(), nullable=True),
+    sa.Column("created_at", sa.DateTime(), nullable=False),
+    sa.Column("started_at", sa.DateTime(), nullable=True),
+    sa.Column("finished_at", sa.DateTime(), nullable=True),
+    sa.Column("updated_at", sa.DateTime(), nullable=False),
+    sa.Column("operator", sa.String(200), nullable=True),
+    sa.Column("reason", sa.Text(), nullable=True),
+    sa.Column("failure_kind", sa.String(32), nullable=True),
+    sa.Column("error", sa.Text(), nullable=True),
+    sa.Column("summary", JSON_TYPE, nullable=False),
+    sa.Column("manual_retry_at", sa.DateTime(), nullable=True),
+    sa.Column("manual_retry_by", sa.String(200), nullable=True),
+    sa.UniqueConstraint(
+        "task_key", "origin", "dedup_key", name="uq_dueledger_entries_task_origin_dedup"
+    ),
+    sa.Index("ix_dueledger_entries_task_status_created", "task_key", "status", "created_at"),
+    sa.Index("ix_dueledger_entries_status_lease", "status", "lease_expires_at"),
+    sa.Index("ix_dueledger_entries_parent", "parent_id"),
+    sa.Index("ix_dueledger_entries_trigger_created", "trigger", "created_at"),
+    sa.Index("ix_dueledger_entries_created_id", "created_at", "id"),
+    # Migration 0002 (issue 5): `runs list` by status / task, `summary` counts.
+    sa.Index("ix_dueledger_entries_status_created_id", "status", "created_at", "id"),
+    sa.Index("ix_dueledger_entries_task_created_id", "task_key", "created_at", "id"),
+    sa.Index(
+        "ix_dueledger_entries_status_finished",
+        "status",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL"),
+        sqlite_where=sa.text("finished_at IS NOT NULL"),
+    ),
+    sqlite_autoincrement=True,
+)
+
+audit = sa.Table(
+    AUDIT_TABLE,
+    metadata,
+    sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(), nullable=False),
+    sa.Column("operator", sa.String(200), nullable=True),
+    sa.Column("action", sa.String(64), nullable=False),
+    # No foreign keys: a refused request about an entry id that does not exist is audited too.
+    sa.Column("entry_id", ID_TYPE, nullable=True),
+    sa.Column("child_entry_id", ID_TYPE, nullable=True),
+    sa.Column("reason", sa.Text(), nullable=True),
+    sa.Column("checks", JSON_TYPE, nullable=True),
+    sa.Column("outcome", sa.Text(), nullable=False),
+    sa.Index("ix_dueledger_audit_entry", "entry_id"),
+    sa.Index("ix_dueledger_audit_child", "child_entry_id"),
+    sa.Index("ix_dueledger_audit_at", "at"),
+    sqlite_autoincrement=True,
+)

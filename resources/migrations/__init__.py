@@ -1,0 +1,1 @@
+"""Alembic migrations of the run ledger; applied by ``RunLedger.migrate()`` (no alembic.ini)."""

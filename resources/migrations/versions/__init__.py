@@ -1,0 +1,1 @@
+"""Ledger migration scripts. Rule: migrations only add; nothing here drops ledger data."""
