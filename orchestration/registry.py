@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from orchestration.slots import (
     Cadence,
+    as_utc,
     cron_cadence,
     cron_effective_cadence,
     first_fire_in_slot,
@@ -23,6 +24,7 @@ from orchestration.slots import (
     is_valid_cron,
     slot_index,
 )
+from orchestration.tags import DAGSTER_MAX_RETRIES, DAGSTER_MAX_RUNTIME, TAG_TASK
 
 STRICT_CURRENT_SLOT = "strict_current_slot"
 CATCH_UP = "catch_up"
@@ -31,6 +33,11 @@ OVERLAP_QUEUE = "queue"
 OVERLAP_POLICIES = (OVERLAP_QUEUE,)
 #: A catch-up window longer than this would let a long outage replay a flood of dues.
 MAX_CATCH_UP_WINDOW = timedelta(days=7)
+#: Partitioning a task's asset may declare: one partition per UTC day (backfills by day).
+PARTITIONS_DAILY = "daily"
+PARTITION_SCHEMES = (PARTITIONS_DAILY,)
+#: First day of daily partitions (a backfill cannot reach further back).
+DAILY_PARTITIONS_START = "2025-01-01"
 
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
@@ -98,6 +105,9 @@ class TaskSpec:
     missed_slot_policy: str = STRICT_CURRENT_SLOT
     catch_up_window: timedelta | None = None
     overlap_policy: str = OVERLAP_QUEUE
+    #: None, or "daily": the asset has UTC-daily partitions and each scheduled run
+    #: targets the partition of its due's day (so the UI can backfill by day).
+    partitions: str | None = None
 
     @property
     def job_name(self) -> str:
@@ -166,6 +176,7 @@ class TaskView:
                 int(s.catch_up_window.total_seconds()) if s.catch_up_window else None
             ),
             "overlap_policy": s.overlap_policy,
+            "partitions": s.partitions,
             "warnings": list(self.warnings),
         }
 
@@ -287,6 +298,13 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
         raise TaskSpecError(
             key, "catch_up_window", "only meaningful with missed_slot_policy='catch_up'"
         )
+    if spec.partitions is not None and spec.partitions not in PARTITION_SCHEMES:
+        raise TaskSpecError(
+            key,
+            "partitions",
+            f"unknown scheme {spec.partitions!r}; "
+            f"use None or one of {', '.join(PARTITION_SCHEMES)}",
+        )
     if spec.overlap_policy not in OVERLAP_POLICIES:
         raise TaskSpecError(
             key,
@@ -320,6 +338,32 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
             warnings.warn(note, UserWarning, stacklevel=2)
         views.append(TaskView(spec, plan, declared, effective, slot_minutes, tuple(notes)))
     return views
+
+
+def partition_key_for(spec: TaskSpec, due: datetime) -> str | None:
+    """The partition a scheduled run of ``spec`` at ``due`` targets (None: unpartitioned).
+
+    Daily partitions are UTC days, like dues: ``2026-11-30T22:45:00Z`` -> ``2026-11-30``.
+    """
+    if spec.partitions == PARTITIONS_DAILY:
+        return as_utc(due).strftime("%Y-%m-%d")
+    return None
+
+
+def task_run_tags(spec: TaskSpec) -> dict[str, str]:
+    """Tags every run of a task carries, whoever launches it.
+
+    ``dueledger/task`` drives the run queue's one-per-task limit (overlap policy
+    ``queue``); ``dagster/max_retries`` turns Dagster run retries into ledger attempts;
+    ``dagster/max_runtime`` lets run monitoring end a run that outlives its timeout.
+    Dagster applies a job's run tags to schedule runs but not to runs submitted with
+    ``dagster job launch`` or GraphQL, so manual launches and retries add them explicitly.
+    """
+    return {
+        TAG_TASK: spec.key,
+        DAGSTER_MAX_RETRIES: str(spec.max_attempts - 1),
+        DAGSTER_MAX_RUNTIME: str(int(spec.timeout.total_seconds())),
+    }
 
 
 def find_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec | None:

@@ -1,0 +1,129 @@
+"""Thin Dagster assets for the hosting platform's scheduled tasks.
+
+Each asset: claim the run's ledger entry (``orchestration.runtime.task_run``), read the
+source store as of the run's due time, call the pure pandas rules in ``assets.orders``
+/ ``assets.services``, write back with compare-and-set, report counts as metadata.
+"""
+
+from datetime import timedelta
+
+import dagster as dg
+
+from assets.orders import (
+    OrderCleanupPolicy,
+    cancel_orders,
+    candidate_orders_query,
+    select_orders_to_cancel,
+)
+from assets.services import (
+    LifecyclePolicy,
+    apply_lifecycle,
+    candidate_services_query,
+    plan_lifecycle,
+)
+from orchestration.registry import TaskSpec, find_task
+from orchestration.runtime import task_run
+from orchestration.slots import format_due
+from orchestration.tasks import TASKS
+from resources.ledger import RunLedger
+from resources.source_store import SourceStore
+
+
+def _spec(key: str) -> TaskSpec:
+    spec = find_task(TASKS, key)
+    if spec is None:  # a programming error: the asset exists but its task was removed
+        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
+    return spec
+
+
+class OrderCleanupConfig(dg.Config):
+    """How old a pending order may get before it is cancelled."""
+
+    pending_max_age_hours: float = 24.0
+
+
+class LifecycleConfig(dg.Config):
+    """Suspension happens at expiry; termination only when enabled, counted from suspension."""
+
+    termination_enabled: bool = False
+    termination_retention_days: int = 30
+
+
+@dg.asset(
+    name="order_cleanup",
+    group_name="hosting_automation",
+    output_required=False,
+    description="Pending orders older than the configured age, cancelled as of the run's due.",
+    kinds={"pandas", "sql"},
+)
+def order_cleanup(
+    context: dg.AssetExecutionContext,
+    config: OrderCleanupConfig,
+    ledger: RunLedger,
+    source: SourceStore,
+):
+    spec = _spec("order_cleanup")
+    with task_run(context, ledger, spec) as run:
+        if not run.claimed:
+            return
+        policy = OrderCleanupPolicy(pending_max_age=timedelta(hours=config.pending_max_age_hours))
+        # The indexed query narrows to candidates; the pure rule stays the authority.
+        candidates = source.read_frame(candidate_orders_query(run.as_of, policy))
+        to_cancel = select_orders_to_cancel(candidates, run.as_of, policy)
+        cancelled = cancel_orders(
+            source.engine(),
+            to_cancel["id"].tolist(),
+            run.as_of,
+            task_key=spec.key,
+            entry_key=run.entry_key,
+        )
+        yield dg.MaterializeResult(
+            metadata={
+                "as_of": format_due(run.as_of),
+                "ledger_entry": run.entry.id,
+                "due_for_cancel": len(to_cancel),
+                "cancelled": cancelled,
+                "skipped_changed_meanwhile": len(to_cancel) - cancelled,
+            }
+        )
+
+
+@dg.asset(
+    name="service_lifecycle_maintenance",
+    group_name="hosting_automation",
+    output_required=False,
+    description="Services suspended at expiry and terminated after retention, as of the due.",
+    kinds={"pandas", "sql"},
+)
+def service_lifecycle_maintenance(
+    context: dg.AssetExecutionContext,
+    config: LifecycleConfig,
+    ledger: RunLedger,
+    source: SourceStore,
+):
+    spec = _spec("service_lifecycle_maintenance")
+    with task_run(context, ledger, spec) as run:
+        if not run.claimed:
+            return
+        policy = LifecyclePolicy(
+            termination_enabled=config.termination_enabled,
+            termination_retention=timedelta(days=config.termination_retention_days),
+        )
+        candidates = source.read_frame(candidate_services_query(run.as_of, policy))
+        plan = plan_lifecycle(candidates, run.as_of, policy)
+        counts = apply_lifecycle(
+            source.engine(), plan, run.as_of, task_key=spec.key, entry_key=run.entry_key
+        )
+        yield dg.MaterializeResult(
+            metadata={
+                "as_of": format_due(run.as_of),
+                "ledger_entry": run.entry.id,
+                "due_for_suspension": len(plan.to_suspend),
+                "due_for_termination": len(plan.to_terminate),
+                "termination_enabled": config.termination_enabled,
+                **{k: int(v) for k, v in counts.items()},
+            }
+        )
+
+
+TASK_ASSETS = [order_cleanup, service_lifecycle_maintenance]

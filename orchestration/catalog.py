@@ -1,0 +1,50 @@
+"""The task catalog as this process sees it: registry + slot + timezone, and resources.
+
+Kept apart from ``definitions.py`` so that the CLI and the tests can ask the same
+questions (which tasks, which cadences, which database) without building Definitions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from assets.domain_config import DomainRules
+from orchestration.registry import TaskView, build_views
+from orchestration.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
+from orchestration.tasks import TASKS
+from resources.ledger import RunLedger
+from resources.notifier import OutboxNotifier
+from resources.source_store import SourceStore
+
+
+def task_views(settings: Settings | None = None) -> list[TaskView]:
+    """Validated tasks with their plans and cadences for the configured slot/timezone."""
+    settings = settings or load_settings()
+    return build_views(TASKS, settings.slot_minutes, settings.timezone)
+
+
+def build_resources(settings: Settings | None = None) -> dict[str, dg.ConfigurableResource]:
+    """The resources every task asset uses.
+
+    Database URLs given through the environment stay ``dg.EnvVar`` references, so a
+    production password never appears in the UI's resource config; the local default is
+    a plain SQLite path under DAGSTER_HOME.
+    """
+    settings = settings or load_settings()
+    ledger_url = (
+        dg.EnvVar(ENV_DATABASE_URL) if os.environ.get(ENV_DATABASE_URL) else settings.ledger_url
+    )
+    source_url = (
+        dg.EnvVar(ENV_SOURCE_URL) if os.environ.get(ENV_SOURCE_URL) else settings.source_url
+    )
+    return {
+        "ledger": RunLedger(database_url=ledger_url),
+        "source": SourceStore(url=source_url),
+        # Notifications go to the source store's outbox by default (a relay delivers
+        # them); swap in resources.notifier.SmtpNotifier(...) to send email directly.
+        "notifier": OutboxNotifier(),
+        # Business rules with the seed's defaults; validated here, at definition load.
+        "rules": DomainRules(),
+    }

@@ -1,0 +1,162 @@
+"""`dueledger`: the operators' command line.
+
+Every command takes ``--json``. Exit codes (DESIGN): 0 ok, 2 invalid input,
+3 refused by a rule with nothing changed, 1 unexpected. With ``--json`` an error is
+printed as ``{"error": message}`` on stdout as well.
+"""
+
+from __future__ import annotations
+
+import click
+
+from orchestration.cli_hooks import hooks_cmd
+from orchestration.cli_ops import liveness_cmd, reclaim_cmd
+from orchestration.cli_runs import runs_group, summary_cmd
+from orchestration.cli_support import (
+    Refused,
+    handle_errors,
+    json_option,
+    local_settings,
+    open_ledger,
+    parse_instant,
+    print_json,
+    table,
+    today_utc,
+)
+from orchestration.settings import load_settings
+
+
+@click.group()
+def main() -> None:
+    """dueledger: exactly once per due time, auditably — on Dagster."""
+
+
+@main.command("tasks")
+@json_option
+@handle_errors
+def tasks_cmd(as_json: bool) -> None:
+    """List registered tasks with declared and effective cadence."""
+    import warnings
+
+    from orchestration.catalog import task_views
+
+    with warnings.catch_warnings():
+        # The cadence warnings are shown as a column here, not as Python warnings.
+        warnings.simplefilter("ignore", UserWarning)
+        views = task_views(load_settings())
+    rows = [v.as_json() for v in views]
+    if as_json:
+        print_json(rows)
+        return
+    click.echo(
+        table(
+            rows,
+            [
+                "key",
+                "rule",
+                "declared_cadence",
+                "effective_cadence",
+                "timeout_seconds",
+                "lease_ttl_seconds",
+                "max_attempts",
+                "manual_trigger",
+                "missed_slot_policy",
+                "overlap_policy",
+            ],
+        )
+    )
+    for row in rows:
+        for note in row["warnings"]:  # type: ignore[attr-defined]
+            click.echo(f"warning: {note}")
+
+
+@main.command("launch")
+@click.argument("task")
+@click.option("--operator", required=True, help="Who launches the run.")
+@click.option("--reason", required=True, help="Why the run is launched.")
+@click.option("--request-id", default=None, help="Idempotency key (default: a new UUID).")
+@json_option
+@handle_errors
+def launch_cmd(
+    task: str, operator: str, reason: str, request_id: str | None, as_json: bool
+) -> None:
+    """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
+    import dagster as dg
+
+    from orchestration.cli_runs import load_operators, require_role
+    from orchestration.manual import launch_manual
+    from orchestration.operators import ROLE_RETRIER
+    from orchestration.tasks import TASKS
+
+    settings = local_settings()
+    ledger = open_ledger(settings)
+    # Roles (DUELEDGER_OPERATORS): launching needs `retrier`; a refusal is audited.
+    # (An empty --operator is left to launch_manual: invalid input, exit 2.)
+    if operator.strip():
+        require_role(ledger, load_operators(), operator.strip(), ROLE_RETRIER, action="launch")
+    result = launch_manual(
+        TASKS,
+        task,
+        operator=operator,
+        reason=reason,
+        request_id=request_id,
+        instance=dg.DagsterInstance.get(),
+        ledger=ledger,
+    )
+    if as_json:
+        print_json(result.as_json())
+        return
+    verb = "already launched" if result.existing else "launched"
+    click.echo(
+        f"{verb}: task {result.task_key} run {result.run_id} ({result.run_status}), "
+        f"ledger entry {result.entry_id}, request id {result.request_id}"
+    )
+
+
+@main.command("sample-data")
+@click.option("--services", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=7, show_default=True, type=int)
+@click.option(
+    "--as-of",
+    default=None,
+    help="Anchor instant (ISO-8601, UTC); default: today 00:00Z, so a day's data is stable.",
+)
+@click.option("--replace", is_flag=True, help="Regenerate even if sample data exists.")
+@json_option
+@handle_errors
+def sample_data_cmd(
+    services: int, seed: int, as_of: str | None, replace: bool, as_json: bool
+) -> None:
+    """Generate deterministic hosting sample data into the source store."""
+    from resources.sample_data import generate_sample_data
+    from resources.source_store import make_engine
+
+    settings = local_settings()
+    anchor = parse_instant(as_of, "--as-of") if as_of else today_utc()
+    engine = make_engine(settings.source_url)
+    try:
+        counts = generate_sample_data(
+            engine, services=services, seed=seed, as_of=anchor, replace=replace
+        )
+    except ValueError as exc:
+        raise Refused(str(exc).replace("replace=True", "--replace")) from exc
+    finally:
+        engine.dispose()
+    if as_json:
+        print_json({"source_url": settings.source_url, "as_of": anchor.isoformat(), **counts})
+        return
+    click.echo(f"sample data as of {anchor.isoformat()} in {settings.source_url}: {counts}")
+
+
+# `runs list|show|retry` and `summary` live in orchestration/cli_runs.py.
+main.add_command(runs_group)
+main.add_command(summary_cmd)
+# `reclaim` and `liveness` live in orchestration/cli_ops.py.
+main.add_command(reclaim_cmd)
+main.add_command(liveness_cmd)
+# `hooks` (plugin listeners and load errors) lives in orchestration/cli_hooks.py.
+main.add_command(hooks_cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Shared plumbing for the `dueledger` CLI commands: --json, exit codes, tables, settings.
+
+Exit codes (DESIGN): 0 ok, 2 invalid input, 3 refused by a rule with nothing changed,
+1 unexpected. With ``--json`` an error is printed as ``{"error": message}`` on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from orchestration.errors import InvalidInput, Refused
+from orchestration.settings import PROJECT_ROOT, Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from resources.ledger import RunLedger
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def print_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
+    """A plain fixed-width table for humans."""
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def handle_errors(fn: F) -> F:
+    """Map user errors to exit codes; with --json also print {"error": ...}."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
+
+        def fail(code: int, message: str) -> None:
+            if as_json:
+                print_json({"error": message})
+            click.echo(f"error: {message}", err=True)
+            sys.exit(code)
+
+        try:
+            return fn(*args, **kwargs)
+        except (InvalidInput, SettingsError) as exc:
+            fail(2, str(exc))
+        except Refused as exc:
+            fail(3, str(exc))
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:  # the contract: anything unexpected is exit 1
+            fail(1, f"{type(exc).__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def local_settings() -> Settings:
+    """Settings for this process; makes sure the local DAGSTER_HOME exists.
+
+    When DAGSTER_HOME is not set the project-local `.dagster_home` is used and seeded
+    with the project's dagster.yaml, exactly as `scripts/dev.sh` does.
+    """
+    settings = load_settings()
+    if not os.environ.get("DAGSTER_HOME"):
+        os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)
+    target = settings.dagster_home / "dagster.yaml"
+    template = PROJECT_ROOT / "dagster.yaml.local"
+    if not target.exists() and template.exists():
+        shutil.copyfile(template, target)
+    return settings
+
+
+def open_ledger(settings: Settings) -> RunLedger:
+    from resources.ledger import RunLedger
+
+    ledger = RunLedger(database_url=settings.ledger_url)
+    ledger.migrate()
+    return ledger
+
+
+def today_utc() -> datetime:
+    now = datetime.now(UTC)
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def parse_instant(text: str, option: str) -> datetime:
+    """ISO-8601 → aware UTC datetime; anything else is invalid input naming the option."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(
+            f"{option} {text!r} is not an ISO-8601 time (e.g. 2026-11-30T22:45:00Z)"
+        ) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

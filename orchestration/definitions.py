@@ -1,0 +1,27 @@
+"""The dueledger code location: assembles Definitions; decides nothing.
+
+Loaded by `dagster dev` through workspace.yaml (module orchestration.definitions,
+attribute defs).
+"""
+
+import dagster as dg
+
+from assets.automation import TASK_ASSETS
+from assets.domain_assets import DOMAIN_ASSETS
+from assets.ledger_health import ledger_health
+from assets.slot_ticks import SLOT_TICK_ASSETS
+from orchestration.catalog import build_resources, task_views
+from orchestration.factory import build_task_definitions
+from orchestration.settings import load_settings
+from sensors import SENSORS
+
+_settings = load_settings()
+_jobs, _schedules = build_task_definitions(task_views(_settings))
+
+defs = dg.Definitions(
+    assets=[*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS],
+    jobs=_jobs,
+    schedules=_schedules,
+    sensors=SENSORS,
+    resources=build_resources(_settings),
+)

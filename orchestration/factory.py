@@ -1,0 +1,157 @@
+"""One factory turning each TaskSpec into a Dagster job and a due-keyed schedule.
+
+The schedule's evaluation is a thin shell over ``registry.decide_tick``: the due is the
+scheduled execution time floored to the slot (never the wall clock) and the RunRequest's
+run_key is exactly the due string, so a re-evaluated tick asks for the same run.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from orchestration import hooks
+from orchestration import tags as t
+from orchestration.registry import (
+    DAILY_PARTITIONS_START,
+    TaskView,
+    decide_tick,
+    partition_key_for,
+    task_run_tags,
+)
+
+#: The partitions of every task declared with ``partitions="daily"``: UTC days. The
+#: current day exists from its first instant on (end_offset=1), so the schedule's run for
+#: a due today can target today's partition.
+DAILY_PARTITIONS = dg.DailyPartitionsDefinition(
+    start_date=DAILY_PARTITIONS_START, timezone="UTC", end_offset=1
+)
+
+
+def job_run_tags(view: TaskView) -> dict[str, str]:
+    """Run tags of the task's job (see ``registry.task_run_tags``)."""
+    return task_run_tags(view.spec)
+
+
+def _metadata(view: TaskView) -> dict[str, str | int | bool]:
+    spec = view.spec
+    return {
+        "dueledger/rule": spec.rule.describe(),
+        "dueledger/declared_cadence": spec.declared_cadence,
+        "dueledger/effective_cadence": view.effective.label,
+        "dueledger/slot_minutes": view.slot_minutes,
+        "dueledger/cron": view.plan.cron,
+        "dueledger/timezone": view.plan.timezone,
+        "dueledger/max_attempts": spec.max_attempts,
+        "dueledger/timeout_seconds": int(spec.timeout.total_seconds()),
+        "dueledger/lease_ttl_seconds": int(spec.lease_ttl.total_seconds()),
+        "dueledger/manual_trigger": spec.manual_trigger,
+        "dueledger/missed_slot_policy": spec.missed_slot_policy,
+        "dueledger/overlap_policy": spec.overlap_policy,
+    }
+
+
+def _description(view: TaskView) -> str:
+    spec = view.spec
+    text = (
+        f"{spec.description} Rule: {spec.rule.describe()}; declared {spec.declared_cadence}; "
+        f"effective {view.effective.label} on {view.slot_minutes}-minute slots."
+    ).strip()
+    if view.warnings:
+        text += " Warning: declared cadence is finer than the slot allows."
+    return text
+
+
+def build_task_job(view: TaskView) -> dg.UnresolvedAssetJobDefinition:
+    """The task's job: materializes the task's asset, tagged for the ledger and queue."""
+    return dg.define_asset_job(
+        name=view.spec.job_name,
+        selection=dg.AssetSelection.assets(view.spec.asset),
+        description=_description(view),
+        run_tags=job_run_tags(view),
+        metadata=_metadata(view),
+    )
+
+
+def schedule_run_request(view: TaskView, scheduled_time) -> dg.RunRequest | dg.SkipReason:
+    """Pure evaluation of one tick (exposed for tests and the missed-due audit)."""
+    decision = decide_tick(view.plan, scheduled_time, view.slot_minutes)
+    if decision.skip_reason:
+        return dg.SkipReason(decision.skip_reason)
+    tags = {
+        t.TAG_TASK: view.spec.key,
+        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_DUE: decision.due_key,
+    }
+    partition_key = partition_key_for(view.spec, decision.due)
+    if partition_key is not None:
+        # The partition tag is set here too, so the request is complete without the
+        # repository (build_schedule_context in tests) and the run shows its day in the UI.
+        tags[t.DAGSTER_PARTITION] = partition_key
+    return dg.RunRequest(run_key=decision.due_key, tags=tags, partition_key=partition_key)
+
+
+def gate_run_request(
+    request: dg.RunRequest, *, log: hooks.HookLog | None = None
+) -> dg.RunRequest | dg.SkipReason:
+    """The plugin creation hooks around a task's schedule/sensor RunRequest.
+
+    ``before_task_create`` listeners may deny it (honored from blocking listeners only: the
+    tick is skipped with their reason) or degrade it (extra tags); ``after_task_create``
+    fires once the request is final. Their outcomes ride along in the ``dueledger/hooks``
+    tag, and the run stores them on its ledger entry when it first claims it.
+    """
+    gate = hooks.gate_creation(request.tags, log=log)
+    if gate.denied:
+        due = request.tags.get(t.TAG_DUE, "")
+        return dg.SkipReason(
+            f"{request.tags.get(t.TAG_TASK)} {due}: run creation denied by a blocking plugin "
+            f"listener ({gate.reason}); no run for this due (`dueledger hooks` lists listeners)"
+        )
+    gate = hooks.announce_creation(gate, log=log)
+    return dg.RunRequest(
+        run_key=request.run_key,
+        run_config=request.run_config,
+        tags=gate.run_tags(),
+        job_name=request.job_name,
+        asset_selection=request.asset_selection,
+        partition_key=request.partition_key,
+    )
+
+
+def build_task_schedule(
+    view: TaskView, job: dg.UnresolvedAssetJobDefinition
+) -> dg.ScheduleDefinition:
+    """The task's schedule, running by default so `dagster dev` really schedules."""
+
+    def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        scheduled = context.scheduled_execution_time
+        if scheduled is None:
+            # Keys come from the due time only; an evaluation without one cannot be keyed.
+            return dg.SkipReason("no scheduled_execution_time: dueledger never keys on 'now'")
+        request = schedule_run_request(view, scheduled)
+        if isinstance(request, dg.SkipReason):
+            return request
+        return gate_run_request(request, log=context.log)
+
+    return dg.ScheduleDefinition(
+        name=view.spec.schedule_name,
+        cron_schedule=view.plan.cron,
+        execution_timezone=view.plan.timezone,
+        job=job,
+        execution_fn=evaluate,
+        description=_description(view),
+        metadata=_metadata(view),
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+    )
+
+
+def build_task_definitions(
+    views: list[TaskView],
+) -> tuple[list[dg.UnresolvedAssetJobDefinition], list[dg.ScheduleDefinition]]:
+    """Jobs and schedules for every task (the one place they are made)."""
+    jobs, schedules = [], []
+    for view in views:
+        job = build_task_job(view)
+        jobs.append(job)
+        schedules.append(build_task_schedule(view, job))
+    return jobs, schedules

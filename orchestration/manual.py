@@ -1,0 +1,175 @@
+"""Manual launches in their own namespace: `dueledger launch TASK ...`.
+
+A manual launch never carries a run_key and its ledger key is ``manual:<request_id>``,
+so it can neither be swallowed by nor swallow a scheduled due. The Dagster run id is
+derived from (task, request id), so Dagster's own unique run id makes "the same
+request twice" one run even when two launches race.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+
+from orchestration import hooks
+from orchestration import tags as t
+from orchestration.errors import InvalidInput, Refused
+from orchestration.registry import TaskSpec, find_task, task_run_tags
+from orchestration.settings import PROJECT_ROOT
+from resources.ledger import RunLedger, dedup_key_for_request
+
+#: Namespace for run ids of manual launches (uuid5 of task key and request id).
+_RUN_ID_NAMESPACE = uuid.UUID("6f1c3c1e-6a8e-4c55-9f59-5a1d0e1f2a11")
+_LAUNCH_TIMEOUT_SECONDS = 300
+
+
+def manual_run_id(task_key: str, request_id: str) -> str:
+    """The Dagster run id of a manual launch: the same request gives the same run."""
+    return str(uuid.uuid5(_RUN_ID_NAMESPACE, f"{task_key}\x00{request_id}"))
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    entry_id: int
+    run_id: str
+    request_id: str
+    task_key: str
+    existing: bool
+    run_status: str
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "entry_id": self.entry_id,
+            "run_id": self.run_id,
+            "request_id": self.request_id,
+            "task_key": self.task_key,
+            "existing": self.existing,
+            "run_status": self.run_status,
+        }
+
+
+class LaunchFailed(RuntimeError):
+    """Dagster did not accept the run; the entry is marked dispatch_failed."""
+
+
+def manual_tags(spec: TaskSpec, request_id: str, operator: str, reason: str) -> dict[str, str]:
+    """Tags of a manual launch: the task's run tags plus the manual namespace."""
+    return {
+        **task_run_tags(spec),
+        t.TAG_TRIGGER: t.TRIGGER_MANUAL,
+        t.TAG_REQUEST_ID: request_id,
+        t.TAG_OPERATOR: operator,
+        t.TAG_REASON: reason,
+    }
+
+
+def _submit_with_dagster_cli(job_name: str, run_id: str, tags: dict[str, str]) -> None:
+    """Submit through `dagster job launch`: Dagster's public way to put a run on the
+    instance's run coordinator (queued until the daemon dequeues it) without a webserver.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "job",
+        "launch",
+        "-w",
+        str(PROJECT_ROOT / "workspace.yaml"),
+        "-j",
+        job_name,
+        "--run-id",
+        run_id,
+        "--tags",
+        json.dumps(tags),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=_LAUNCH_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise LaunchFailed(f"`dagster job launch` exited {proc.returncode}: " + " | ".join(tail))
+
+
+def launch_manual(
+    specs: Sequence[TaskSpec],
+    task_key: str,
+    *,
+    operator: str,
+    reason: str,
+    request_id: str | None,
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    submit=_submit_with_dagster_cli,
+) -> LaunchResult:
+    """Launch a task manually, idempotent on ``request_id``.
+
+    Raises InvalidInput (unknown task, empty operator/reason), Refused (task not
+    manually triggerable, or denied by a blocking ``before_task_create`` plugin listener;
+    nothing launched) or LaunchFailed (entry -> dispatch_failed).
+    """
+    spec = find_task(specs, task_key)
+    if spec is None:
+        known = ", ".join(s.key for s in specs)
+        raise InvalidInput(f"unknown task {task_key!r}; registered tasks: {known}")
+    if not operator.strip():
+        raise InvalidInput("--operator must name who launches the run")
+    if not reason.strip():
+        raise InvalidInput("--reason must say why the run is launched")
+    if not spec.manual_trigger:
+        raise Refused(
+            f"task {task_key!r} is not manually triggerable; set manual_trigger=True in "
+            f"orchestration/tasks.py if manual runs are safe for it. Nothing was launched."
+        )
+    request_id = request_id or str(uuid.uuid4())
+    if not request_id.strip():
+        raise InvalidInput("--request-id must not be empty")
+    run_id = manual_run_id(task_key, request_id)
+    existing = instance.get_run_by_id(run_id)
+    gate: hooks.CreationGate | None = None
+    if existing is None:
+        # Plugin hooks see the launch before anything is written, so a deny changes nothing.
+        gate = hooks.gate_creation(manual_tags(spec, request_id, operator, reason), run_id=run_id)
+        if gate.denied:
+            raise Refused(
+                f"launch of task {task_key!r} was denied by a blocking plugin listener "
+                f"({gate.reason}). Nothing was launched; `dueledger hooks` lists the listeners."
+            )
+    entry = ledger.ensure_entry(
+        task_key=task_key,
+        trigger=t.TRIGGER_MANUAL,
+        dedup_key=dedup_key_for_request(request_id),
+        max_attempts=spec.max_attempts,
+        operator=operator,
+        reason=reason,
+    )
+    if gate is not None:
+        hooks.record(ledger, entry.id, gate.before.records())
+        try:
+            submit(spec.job_name, run_id, dict(gate.tags))
+        except (LaunchFailed, subprocess.TimeoutExpired) as exc:
+            # A concurrent launch of the same request may have won the run id.
+            if instance.get_run_by_id(run_id) is None:
+                ledger.record_dispatch_failure(entry.id, error=str(exc), run_id=run_id)
+                raise LaunchFailed(str(exc)) from exc
+        announced = hooks.announce_creation(gate, entry_id=entry.id, run_id=run_id)
+        if announced.after is not None:
+            hooks.record(ledger, entry.id, announced.after.records())
+        run = instance.get_run_by_id(run_id)
+        was_existing = False
+    else:
+        run, was_existing = existing, True
+    status = run.status.value if run is not None else "UNKNOWN"
+    return LaunchResult(entry.id, run_id, request_id, task_key, was_existing, status)

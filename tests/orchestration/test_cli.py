@@ -1,0 +1,96 @@
+"""`dueledger tasks`, `launch` and `sample-data`: exit codes and JSON shapes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+
+from orchestration.cli import main
+from orchestration.errors import Refused
+from orchestration.manual import launch_manual, manual_run_id
+from orchestration.tasks import TASKS
+from resources.ledger import RunLedger
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout
+
+
+def test_tasks_json_lists_every_task_with_declared_and_effective_cadence():
+    code, out = invoke("tasks", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["key"] for r in rows] == [t.key for t in TASKS]
+    for row in rows:
+        assert {"key", "rule", "declared_cadence", "effective_cadence", "manual_trigger"} <= set(
+            row
+        )
+        assert {"timeout_seconds", "lease_ttl_seconds", "max_attempts"} <= set(row)
+        assert {"missed_slot_policy", "overlap_policy"} <= set(row)
+
+
+def test_tasks_human_output_is_a_table_with_a_header():
+    code, out = invoke("tasks")
+    assert code == 0
+    assert out.splitlines()[0].startswith("KEY")
+    assert "order_cleanup" in out
+
+
+def test_launch_of_an_unknown_task_is_exit_2_with_a_json_error():
+    code, out = invoke("launch", "no_such_task", "--operator", "ops", "--reason", "x", "--json")
+    assert code == 2
+    assert "unknown task 'no_such_task'" in json.loads(out)["error"]
+
+
+def test_launch_without_operator_is_invalid_input():
+    code, _ = invoke("launch", "order_cleanup", "--reason", "x")
+    assert code == 2
+
+
+def test_a_task_that_is_not_manually_triggerable_is_refused_and_nothing_is_launched(tmp_path):
+    specs = tuple(replace(t, manual_trigger=False) for t in TASKS)
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.migrate()
+    submitted: list[str] = []
+    with dg.instance_for_test() as instance, pytest.raises(Refused, match="manual_trigger=True"):
+        launch_manual(
+            specs,
+            "order_cleanup",
+            operator="ops",
+            reason="x",
+            request_id="r",
+            instance=instance,
+            ledger=ledger,
+            submit=lambda job, run_id, tags: submitted.append(run_id),
+        )
+    assert submitted == []
+    assert ledger.find("order_cleanup", "manual:r") is None
+
+
+def test_manual_run_ids_are_stable_per_task_and_request():
+    assert manual_run_id("order_cleanup", "r1") == manual_run_id("order_cleanup", "r1")
+    assert manual_run_id("order_cleanup", "r1") != manual_run_id("order_cleanup", "r2")
+    assert manual_run_id("order_cleanup", "r1") != manual_run_id("other_task", "r1")
+
+
+def test_sample_data_refuses_to_overwrite_with_exit_3(monkeypatch, tmp_path):
+    monkeypatch.setenv("DUELEDGER_SOURCE_URL", f"sqlite:///{tmp_path / 'src.sqlite'}")
+    code, out = invoke(
+        "sample-data", "--services", "20", "--as-of", "2026-11-30T00:00:00Z", "--json"
+    )
+    assert code == 0 and json.loads(out)["services"] == 20
+    code, out = invoke("sample-data", "--services", "20", "--json")
+    assert code == 3
+    assert "--replace" in json.loads(out)["error"]
+
+
+def test_sample_data_rejects_a_malformed_as_of_with_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("DUELEDGER_SOURCE_URL", f"sqlite:///{tmp_path / 'src.sqlite'}")
+    code, out = invoke("sample-data", "--as-of", "yesterday", "--json")
+    assert code == 2
+    assert "--as-of 'yesterday'" in json.loads(out)["error"]

@@ -1,0 +1,118 @@
+"""Snapshot of what the code location declares: an accidental change shows in review.
+
+When a task is added or changed on purpose, update EXPECTED in the same commit.
+"""
+
+import dagster as dg
+
+from orchestration.definitions import defs
+
+EXPECTED = {
+    "order_cleanup": {
+        "job": "order_cleanup_job",
+        "schedule": "order_cleanup_schedule",
+        "cron": "*/15 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+    "service_lifecycle_maintenance": {
+        "job": "service_lifecycle_maintenance_job",
+        "schedule": "service_lifecycle_maintenance_schedule",
+        "cron": "*/15 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+    "billing_maintenance": {
+        "job": "billing_maintenance_job",
+        "schedule": "billing_maintenance_schedule",
+        "cron": "0 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "hourly",
+    },
+    "service_auto_renew": {
+        "job": "service_auto_renew_job",
+        "schedule": "service_auto_renew_schedule",
+        "cron": "0 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "hourly",
+    },
+    "reconcile_account_balance": {
+        "job": "reconcile_account_balance_job",
+        "schedule": "reconcile_account_balance_schedule",
+        "cron": "0 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "hourly",
+    },
+    "ticket_auto_close": {
+        "job": "ticket_auto_close_job",
+        "schedule": "ticket_auto_close_schedule",
+        "cron": "0 0 * * *",
+        "timezone": "UTC",
+        "effective_cadence": "daily",
+    },
+    "log_archive": {
+        "job": "log_archive_job",
+        "schedule": "log_archive_schedule",
+        "cron": "0 2 * * *",
+        "timezone": "UTC",
+        "effective_cadence": "daily",
+    },
+    "ledger_health": {
+        "job": "ledger_health_job",
+        "schedule": "ledger_health_schedule",
+        "cron": "*/15 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+    # Plugin slot events (issue 6): the legacy crons stay, effective once per slot.
+    "tick_every_slot": {
+        "job": "tick_every_slot_job",
+        "schedule": "tick_every_slot_schedule",
+        "cron": "*/15 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+    "tick_every_minute": {
+        "job": "tick_every_minute_job",
+        "schedule": "tick_every_minute_schedule",
+        "cron": "* * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+    "tick_every_five_minutes": {
+        "job": "tick_every_five_minutes_job",
+        "schedule": "tick_every_five_minutes_schedule",
+        "cron": "*/5 * * * *",
+        "timezone": "UTC",
+        "effective_cadence": "every 15 minutes",
+    },
+}
+#: Tasks with one attempt: a slot tick fires its event at most once per slot.
+SINGLE_ATTEMPT = {"tick_every_slot", "tick_every_minute", "tick_every_five_minutes"}
+
+
+def test_definitions_load():
+    dg.Definitions.validate_loadable(defs)
+
+
+def test_tasks_jobs_schedules_crons_and_cadences_match_the_snapshot():
+    actual = {}
+    for schedule in defs.schedules or []:
+        metadata = schedule.metadata
+        key = schedule.name.removesuffix("_schedule")
+        actual[key] = {
+            "job": schedule.job_name,
+            "schedule": schedule.name,
+            "cron": schedule.cron_schedule,
+            "timezone": schedule.execution_timezone,
+            "effective_cadence": metadata["dueledger/effective_cadence"].value,
+        }
+    assert actual == EXPECTED
+
+
+def test_every_task_job_tags_its_runs_for_the_ledger_and_the_queue():
+    for key in EXPECTED:
+        job = defs.resolve_job_def(f"{key}_job")
+        assert job.run_tags["dueledger/task"] == key
+        # max_attempts 3, or 1 for SINGLE_ATTEMPT tasks
+        assert job.run_tags["dagster/max_retries"] == ("0" if key in SINGLE_ATTEMPT else "2")
