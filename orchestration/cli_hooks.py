@@ -1,0 +1,47 @@
+"""`dueledger hooks`: the plugin listeners this environment loads, and what failed to load.
+
+It loads listeners exactly as a code location does (entry points of group
+``dueledger.hooks``, then ``DUELEDGER_HOOKS_FILE``). A plugin that fails to load is listed
+under its load error; that is a report, not a failure of the command (exit 0).
+"""
+
+from __future__ import annotations
+
+import click
+
+from orchestration.cli_support import handle_errors, json_option, print_json, table
+
+
+@click.command("hooks")
+@json_option
+@handle_errors
+def hooks_cmd(as_json: bool) -> None:
+    """List plugin hook listeners (events, blocking flag, timeout) and load errors."""
+    from orchestration.hooks import ENV_HOOKS_FILE, load_hooks
+
+    # Load errors are printed below; their log lines would only repeat them on stderr.
+    registry = load_hooks(log_errors=False)
+    if as_json:
+        print_json(registry.as_json())
+        return
+    rows: list[dict[str, object]] = [
+        {
+            "name": x.name,
+            "events": ",".join(x.events),
+            "blocking": x.blocking,
+            "timeout_seconds": f"{x.timeout_seconds:g}",
+            "source": x.source,
+            "target": x.target,
+        }
+        for x in registry.listeners
+    ]
+    if rows:
+        click.echo(
+            table(rows, ["name", "events", "blocking", "timeout_seconds", "source", "target"])
+        )
+    else:
+        click.echo("no listeners loaded")
+    click.echo(f"config file ({ENV_HOOKS_FILE}): {registry.config_file or 'none'}")
+    for problem in registry.load_errors:
+        target = f" ({problem.target})" if problem.target else ""
+        click.echo(f"load error: {problem.source} {problem.name}{target}: {problem.error}")

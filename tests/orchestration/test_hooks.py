@@ -1,0 +1,385 @@
+"""Plugin hooks without Dagster runs: isolation, results, registration, `dueledger hooks`.
+
+The end-to-end tests (schedule evaluation, real runs, the ledger) are in
+test_hooks_runs.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestration import hooks
+from orchestration import tags as t
+from orchestration.cli import main
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "example_plugin"
+PLUGIN_MODULE = "example_dueledger_plugin"
+DUE = "2026-11-30T22:45:00Z"
+
+# Listeners used by the config-file tests (referenced as "<this module>:<name>").
+SEEN: list[hooks.HookContext] = []
+
+
+def plain_listener(ctx: hooks.HookContext) -> None:
+    SEEN.append(ctx)
+
+
+@hooks.listener(hooks.TASK_AFTER, name="decorated")
+def decorated_listener(ctx: hooks.HookContext) -> hooks.HookResult:
+    return hooks.allow()
+
+
+def create_ctx(**tags: str) -> hooks.HookContext:
+    base = {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
+    return hooks.creation_context({**base, **tags})
+
+
+def outcome_of(dispatch: hooks.Dispatch, name: str) -> hooks.ListenerOutcome:
+    (found,) = [o for o in dispatch.outcomes if o.listener == name]
+    return found
+
+
+# --- isolation -----------------------------------------------------------------------------
+
+
+def test_a_raising_listener_becomes_an_error_outcome_and_the_next_listener_still_runs():
+    calls: list[str] = []
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=True)
+    def boom(ctx):
+        raise RuntimeError("plugin bug")
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def after_boom(ctx):
+        calls.append(ctx.task_key)
+
+    dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(boom, after_boom))
+    assert outcome_of(dispatch, "boom").outcome == hooks.OUTCOME_ERROR
+    assert "RuntimeError: plugin bug" in (outcome_of(dispatch, "boom").error or "")
+    assert outcome_of(dispatch, "after_boom").outcome == hooks.OUTCOME_ALLOW
+    assert calls == ["order_cleanup"]
+    # A blocking listener that fails does not deny: hooks fail open.
+    assert not dispatch.denied
+
+
+def test_a_slow_listener_is_abandoned_at_its_timeout_and_the_next_listener_still_runs():
+    release = threading.Event()
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=True, timeout_seconds=0.2)
+    def slow(ctx):
+        release.wait(30)
+        return hooks.deny("too late to count")
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def quick(ctx):
+        return hooks.allow()
+
+    try:
+        dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(slow, quick))
+    finally:
+        release.set()
+    slow_outcome = outcome_of(dispatch, "slow")
+    assert slow_outcome.outcome == hooks.OUTCOME_TIMEOUT
+    assert "0.2s" in (slow_outcome.error or "")
+    assert outcome_of(dispatch, "quick").outcome == hooks.OUTCOME_ALLOW
+    assert not dispatch.denied  # its late deny is dropped
+
+
+def test_a_listener_returning_something_else_is_recorded_as_invalid():
+    @hooks.listener(hooks.TASK_BEFORE)
+    def odd(ctx):
+        return "yes please"
+
+    ctx = create_ctx().for_event(hooks.TASK_BEFORE, entry_id=1, attempt=1, run_id="r")
+    dispatch = hooks.fire(ctx, registry=hooks.registry_of(odd))
+    assert outcome_of(dispatch, "odd").outcome == hooks.OUTCOME_INVALID
+    assert "yes please" in (outcome_of(dispatch, "odd").error or "")
+
+
+def test_a_listener_cannot_change_the_context_it_is_given():
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def meddler(ctx):
+        ctx.tags[t.TAG_TASK] = "other"
+
+    ctx = create_ctx()
+    dispatch = hooks.fire(ctx, registry=hooks.registry_of(meddler))
+    assert outcome_of(dispatch, "meddler").outcome == hooks.OUTCOME_ERROR
+    assert ctx.tags[t.TAG_TASK] == "order_cleanup"
+
+
+# --- deny and degrade ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("blocking", "outcome", "denied"),
+    [(True, hooks.OUTCOME_DENY, True), (False, hooks.OUTCOME_DENY_IGNORED, False)],
+    ids=["blocking", "not_blocking"],
+)
+def test_a_deny_is_honored_only_from_a_blocking_listener(blocking, outcome, denied):
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=blocking)
+    def gate(ctx):
+        return hooks.deny("maintenance window")
+
+    dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(gate))
+    assert outcome_of(dispatch, "gate").outcome == outcome
+    assert dispatch.denied is denied
+    assert "maintenance window" in (outcome_of(dispatch, "gate").reason or "")
+    assert (dispatch.deny_reason is not None) is denied
+
+
+def test_a_deny_outside_before_task_create_is_recorded_and_ignored():
+    @hooks.listener(hooks.TASK_BEFORE, blocking=True)
+    def late_gate(ctx):
+        return hooks.deny("too late")
+
+    ctx = create_ctx().for_event(hooks.TASK_BEFORE, entry_id=1, attempt=1, run_id="r")
+    dispatch = hooks.fire(ctx, registry=hooks.registry_of(late_gate))
+    assert outcome_of(dispatch, "late_gate").outcome == hooks.OUTCOME_DENY_IGNORED
+    assert not dispatch.denied
+
+
+def test_a_degrade_adds_tags_but_never_changes_or_reserves_contract_ones():
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def softer(ctx):
+        return hooks.degrade(
+            {
+                "plugin/mode": "degraded",
+                "dagster/priority": "-1",
+                t.TAG_DUE: "2000-01-01T00:00:00Z",  # exists on the request: ignored
+                "dueledger/new": "x",  # reserved namespace: ignored
+                "dagster/max_retries": "99",  # reserved namespace: ignored
+            },
+            reason="source is slow",
+        )
+
+    gate = hooks.gate_creation(create_ctx().tags, registry=hooks.registry_of(softer))
+    assert not gate.denied
+    assert gate.tags[t.TAG_DUE] == DUE
+    assert gate.tags["plugin/mode"] == "degraded"
+    assert gate.tags["dagster/priority"] == "-1"
+    assert "dueledger/new" not in gate.tags and "dagster/max_retries" not in gate.tags
+    outcome = outcome_of(gate.before, "softer")
+    assert outcome.outcome == hooks.OUTCOME_DEGRADE
+    assert len(outcome.ignored_tags) == 3
+
+
+def test_creation_outcomes_travel_in_a_bounded_tag_and_decode_back():
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE)
+    def chatty(ctx):
+        return hooks.deny("x" * 5000)  # not blocking: recorded, ignored, cut short
+
+    registry = hooks.registry_of(chatty)
+    gate = hooks.announce_creation(
+        hooks.gate_creation(create_ctx().tags, registry=registry), registry=registry
+    )
+    tags = gate.run_tags()
+    items = hooks.decode_outcomes(tags[hooks.TAG_HOOKS])
+    assert [i["event"] for i in items] == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
+    assert all(len(i["reason"]) <= 200 for i in items)
+    assert hooks.decode_outcomes("not json") == []
+
+
+# --- structured log lines ---------------------------------------------------------------------
+
+
+def test_every_outcome_is_logged_as_one_json_object_per_line(caplog):
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def ok(ctx):
+        return None
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    def bad(ctx):
+        raise ValueError("nope")
+
+    caplog.set_level(logging.INFO, logger=hooks.LOGGER.name)
+    hooks.fire(create_ctx(), registry=hooks.registry_of(ok, bad))
+    lines = [r for r in caplog.records if r.name == hooks.LOGGER.name]
+    assert len(lines) == 2
+    parsed = [json.loads(r.getMessage()) for r in lines]
+    assert [(p["listener"], p["outcome"]) for p in parsed] == [("ok", "allow"), ("bad", "error")]
+    assert all("\n" not in r.getMessage() for r in lines)
+    assert parsed[0]["hook"] == hooks.BEFORE_TASK_CREATE and parsed[0]["due"] == DUE
+    assert [r.levelno for r in lines] == [logging.INFO, logging.WARNING]
+
+
+# --- declaration errors ------------------------------------------------------------------------
+
+
+def test_an_unknown_event_name_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown event 'task_befor'.*task_before"):
+        hooks.listener("task_befor")(plain_listener)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        hooks.listener(hooks.TASK_BEFORE, timeout_seconds=0)(plain_listener)
+
+
+# --- the config file ---------------------------------------------------------------------------
+
+
+def write_config(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "hooks.toml"
+    path.write_text(text, encoding="utf-8")
+    return {hooks.ENV_HOOKS_FILE: str(path)}
+
+
+def test_the_config_file_adds_listeners_by_target_and_reports_what_it_cannot_load(tmp_path):
+    here = __name__
+    environ = write_config(
+        tmp_path,
+        f"""
+[[listeners]]
+target = "{here}:plain_listener"
+events = ["task_before", "tick.every_slot"]
+blocking = true
+timeout_seconds = 1.5
+name = "plain"
+
+[[listeners]]
+target = "{here}:decorated_listener"
+
+[[listeners]]
+target = "no_such_module_for_hooks:thing"
+
+[[listeners]]
+target = "{here}:plain_listener"
+name = "no_events"
+
+[[listeners]]
+target = "{here}:decorated_listener"
+events = ["task_befor"]
+name = "typo"
+""",
+    )
+    registry = hooks.load_hooks(environ=environ, entry_points=())
+    by_name = {x.name: x for x in registry.listeners}
+    assert set(by_name) == {"plain", "decorated"}
+    assert by_name["plain"].events == (hooks.TASK_BEFORE, hooks.TICK_EVERY_SLOT)
+    assert by_name["plain"].blocking is True
+    assert by_name["plain"].timeout_seconds == 1.5
+    assert by_name["plain"].source == hooks.SOURCE_CONFIG
+    assert by_name["decorated"].events == (hooks.TASK_AFTER,)
+    errors = {e.name: e.error for e in registry.load_errors}
+    (missing,) = [e for e in registry.load_errors if e.target == "no_such_module_for_hooks:thing"]
+    assert "ModuleNotFoundError" in missing.error
+    assert "needs events" in errors["no_events"]
+    assert "unknown event 'task_befor'" in errors["typo"]
+
+
+def test_a_missing_or_broken_config_file_is_a_load_error_not_a_crash(tmp_path):
+    missing = hooks.load_hooks(
+        environ={hooks.ENV_HOOKS_FILE: str(tmp_path / "nope.toml")}, entry_points=()
+    )
+    assert missing.listeners == ()
+    assert "does not exist" in missing.load_errors[0].error
+    broken = hooks.load_hooks(environ=write_config(tmp_path, "[[listeners]\n"), entry_points=())
+    assert "TOMLDecodeError" in broken.load_errors[0].error
+
+
+# --- entry points: the real example plugin, registered through package metadata -------------------
+
+
+def register_distribution(site: Path, name: str, entry_points: dict[str, str]) -> None:
+    """Write ``<name>-0.1.0.dist-info`` (METADATA + entry_points.txt) into ``site``: exactly
+    what installing the package would leave for importlib.metadata to find."""
+    dist = site / f"{name.replace('-', '_')}-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n", encoding="utf-8"
+    )
+    lines = [f"[{hooks.ENTRY_POINT_GROUP}]"] + [f"{k} = {v}" for k, v in entry_points.items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture
+def example_plugin_installed(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The example plugin (tests/fixtures/example_plugin) registered with its own
+    pyproject's entry points, plus a broken plugin whose module does not exist."""
+    project = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    site = tmp_path / "site-packages"
+    register_distribution(
+        site,
+        project["project"]["name"],
+        project["project"]["entry-points"][hooks.ENTRY_POINT_GROUP],
+    )
+    register_distribution(site, "broken-dueledger-plugin", {"broken": "gone_plugin_module:HOOKS"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    importlib.invalidate_caches()
+    yield site
+    sys.modules.pop(PLUGIN_MODULE, None)
+
+
+def test_entry_point_plugins_are_discovered_and_a_broken_one_is_reported_not_raised(
+    example_plugin_installed, caplog
+):
+    caplog.set_level(logging.WARNING, logger=hooks.LOGGER.name)
+    registry = hooks.load_hooks(environ={})
+    by_name = {x.name: x for x in registry.listeners}
+    assert set(by_name) == {"example:change_freeze", "example:journal"}
+    assert by_name["example:change_freeze"].blocking is True
+    assert by_name["example:change_freeze"].events == (hooks.BEFORE_TASK_CREATE,)
+    assert by_name["example:journal"].source == hooks.SOURCE_ENTRY_POINT
+    (error,) = registry.load_errors
+    assert (error.source, error.name) == (hooks.SOURCE_ENTRY_POINT, "broken")
+    assert "ModuleNotFoundError" in error.error and "gone_plugin_module" in error.error
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == hooks.LOGGER.name]
+    assert [x["hook_load_error"]["name"] for x in logged] == ["broken"]
+
+
+def test_the_example_plugin_denies_frozen_tasks_and_degrades_manual_launches(
+    example_plugin_installed, monkeypatch
+):
+    registry = hooks.load_hooks(environ={})
+    monkeypatch.setenv("EXAMPLE_PLUGIN_FREEZE", "order_cleanup")
+    frozen = hooks.gate_creation(create_ctx().tags, registry=registry)
+    assert frozen.denied and "change freeze on order_cleanup" in (frozen.reason or "")
+    manual = {t.TAG_TASK: "billing_maintenance", t.TAG_TRIGGER: t.TRIGGER_MANUAL}
+    degraded = hooks.gate_creation(manual, registry=registry)
+    assert not degraded.denied
+    assert degraded.tags["example/checked_by"] == "change_freeze"
+
+
+def test_the_config_file_can_disable_an_entry_point_and_demote_a_blocking_listener(
+    example_plugin_installed, tmp_path
+):
+    environ = write_config(
+        tmp_path,
+        """
+disable_entry_points = ["broken"]
+
+[overrides."example:change_freeze"]
+blocking = false
+""",
+    )
+    registry = hooks.load_hooks(environ=environ)
+    assert registry.load_errors == ()
+    by_name = {x.name: x for x in registry.listeners}
+    assert by_name["example:change_freeze"].blocking is False
+
+
+def test_dueledger_hooks_lists_listeners_events_blocking_and_load_errors(
+    example_plugin_installed,
+):
+    result = CliRunner().invoke(main, ["hooks", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["entry_point_group"] == "dueledger.hooks"
+    assert set(data["events"]) == set(hooks.EVENTS)
+    listeners = {x["name"]: x for x in data["listeners"]}
+    assert listeners["example:change_freeze"]["blocking"] is True
+    assert listeners["example:change_freeze"]["events"] == ["before_task_create"]
+    assert "tick.every_slot" in listeners["example:journal"]["events"]
+    assert [e["name"] for e in data["load_errors"]] == ["broken"]
+    human = CliRunner().invoke(main, ["hooks"])
+    assert human.exit_code == 0
+    assert "example:change_freeze" in human.stdout
+    assert "load error: entry_point broken" in human.stdout
