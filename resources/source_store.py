@@ -256,8 +256,15 @@ def update_and_log(
 
 
 def create_schema(engine: sa.Engine) -> None:
-    """Create the source tables and indexes that do not exist yet (safe to repeat)."""
+    """Create the source tables and indexes that do not exist yet (safe to repeat).
+
+    Includes the side-effect bookkeeping tables of ``resources.idempotency`` (defined on
+    the same ``metadata``), so the schema never depends on which modules were imported.
+    """
+    from resources import idempotency
+
     metadata.create_all(engine)
+    idempotency.create_domain_schema(engine)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _connection_record: Any) -> None:

@@ -81,6 +81,10 @@ def test_create_schema_creates_every_table_and_the_scan_indexes_and_can_be_repea
         "orders",
         "tickets",
         "automation_log",
+        # side-effect bookkeeping (resources/idempotency.py)
+        "side_effects",
+        "notification_outbox",
+        "log_archives",
     }
     service_indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("services")}
     assert service_indexes["ix_services_status_expires_at"] == ["status", "expires_at"]

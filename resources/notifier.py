@@ -1,0 +1,314 @@
+"""Notifications: one interface, an outbox (default) and an SMTP implementation, and the
+exactly-once dispatch that every notifying task uses.
+
+How a notification goes out (``dispatch_notifications``):
+
+1. The rule hands over due messages, each with its idempotency key (rule, object, time
+   point, channel). Keys already ``succeeded`` are skipped; keys left ``in_flight`` by a
+   crashed delivery are reported *in doubt* and skipped; ``failed`` keys are retried.
+2. **Outbox channels** (every channel for `OutboxNotifier`; all but email for
+   `SmtpNotifier`): in ONE source-store transaction the effect row is claimed, the
+   outbox row written and the effect marked ``succeeded``. Either both exist or
+   neither: exactly once. A relay (outside this project) delivers pending outbox rows.
+3. **External channels** (email for `SmtpNotifier`): the effect is claimed and
+   committed first, then delivered, then settled ``succeeded`` (plus an outbox row with
+   status ``delivered``, the notification log) or ``failed`` with the error. A crash
+   between delivery and settlement leaves the row ``in_flight``: at most once, never a
+   duplicate mail; an operator decides (set it to ``failed`` to resend).
+
+A failed channel's row is ``failed`` while the other channels of the same reminder are
+``succeeded``, so the next run retries that channel alone.
+"""
+
+from __future__ import annotations
+
+import smtplib
+from collections.abc import Sequence
+from datetime import datetime
+from email.message import EmailMessage
+from typing import Any, Final
+
+import dagster as dg
+import pandas as pd
+import sqlalchemy as sa
+from pydantic import Field
+
+from resources.idempotency import (
+    EFFECT_FAILED,
+    EFFECT_IN_FLIGHT,
+    KEY_COLUMNS,
+    OUTBOX_DELIVERED,
+    OUTBOX_PENDING,
+    STATE_NEW,
+    claim_effects,
+    classify_effects,
+    normalize_keys,
+    notification_outbox,
+    read_effects,
+    records,
+    settle_effects,
+)
+from resources.source_store import naive_utc
+
+#: What a message frame must carry: the idempotency key plus what to send to whom.
+MESSAGE_COLUMNS: Final = (*KEY_COLUMNS, "customer_id", "recipient", "subject", "body")
+
+OUTCOME_SENT: Final = "sent"
+OUTCOME_ALREADY_SENT: Final = "skipped_already_sent"
+OUTCOME_FAILED: Final = "failed"
+OUTCOME_IN_DOUBT: Final = "in_doubt"
+OUTCOMES: Final = (OUTCOME_SENT, OUTCOME_ALREADY_SENT, OUTCOME_FAILED, OUTCOME_IN_DOUBT)
+
+#: Messages per transaction: bounds lock time and statement size.
+DISPATCH_CHUNK_ROWS: Final = 1000
+
+
+class Notifier(dg.ConfigurableResource):
+    """Where notifications go. Subclasses choose which channels they deliver themselves.
+
+    - Channels NOT in `external_channels()` are written to the `notification_outbox`
+      table in the same transaction as their idempotency row (exactly once).
+    - Channels in `external_channels()` are handed to `deliver` after their idempotency
+      row is committed (at most once; see the module docstring).
+    """
+
+    def external_channels(self) -> frozenset[str]:
+        """Channels this notifier delivers itself, outside the database transaction."""
+        return frozenset()
+
+    def deliver(self, messages: pd.DataFrame) -> list[str | None]:
+        """Deliver `messages` (MESSAGE_COLUMNS + `effect_id`); one error text or None per row,
+        in order. Must not raise for a single bad message: report it and go on."""
+        raise NotImplementedError(
+            f"{type(self).__name__} declares external channels but does not implement deliver()"
+        )
+
+
+class OutboxNotifier(Notifier):
+    """The default: every channel goes to the `notification_outbox` table in the source
+    store, atomically with its idempotency row. Delivery is a relay's job."""
+
+
+class SmtpNotifier(Notifier):
+    """Email over SMTP; other channels (sms, in_app) go to the outbox for their gateways.
+
+    Register with secrets from the environment, e.g.
+    ``SmtpNotifier(host="smtp.example.org", sender="billing@example.org",
+    username=dg.EnvVar("SMTP_USER"), password=dg.EnvVar("SMTP_PASSWORD"), starttls=True)``.
+    One SMTP session per delivery batch; a refused recipient fails only its message.
+    """
+
+    host: str = Field(description="SMTP server host name.")
+    port: int = Field(default=25, description="SMTP port (587 with STARTTLS is typical).")
+    sender: str = Field(description="From address of every message.")
+    username: str | None = Field(default=None, description="Login user, if the server needs one.")
+    password: str | None = Field(default=None, description="Login password (use dg.EnvVar).")
+    starttls: bool = Field(default=False, description="Upgrade the session with STARTTLS.")
+    timeout_seconds: float = Field(default=30.0, description="Socket timeout per operation.")
+
+    def external_channels(self) -> frozenset[str]:
+        return frozenset({"email"})
+
+    def _message(self, row: Any) -> EmailMessage:
+        message = EmailMessage()
+        message["From"] = self.sender
+        message["To"] = row.recipient
+        message["Subject"] = row.subject
+        # A stable Message-ID per effect lets a receiving system drop a duplicate, should
+        # an operator ever resend an in-doubt message.
+        message["Message-ID"] = f"<effect-{int(row.effect_id)}@dueledger>"
+        message["X-Dueledger-Effect"] = f"{row.rule}/{row.object_type}/{int(row.object_id)}"
+        message.set_content(row.body)
+        return message
+
+    def deliver(self, messages: pd.DataFrame) -> list[str | None]:
+        if messages.empty:
+            return []
+        try:
+            session = smtplib.SMTP(self.host, self.port, timeout=self.timeout_seconds)
+        except (OSError, smtplib.SMTPException) as exc:
+            error = f"SMTP connect to {self.host}:{self.port} failed: {exc}"
+            return [error] * len(messages)
+        errors: list[str | None] = []
+        with session:
+            try:
+                if self.starttls:
+                    session.starttls()
+                if self.username:
+                    session.login(self.username, self.password or "")
+            except (OSError, smtplib.SMTPException) as exc:
+                return [f"SMTP session setup failed: {exc}"] * len(messages)
+            # One message at a time is inherent to SMTP; this is I/O, not the rule's hot path.
+            for row in messages.itertuples(index=False):
+                try:
+                    session.send_message(self._message(row))
+                    errors.append(None)
+                except (OSError, smtplib.SMTPException) as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    if isinstance(exc, smtplib.SMTPServerDisconnected):
+                        # The session is gone: the rest fail too (and are retried next run).
+                        errors.extend(["SMTP server disconnected"] * (len(messages) - len(errors)))
+                        break
+        return errors
+
+
+# --- dispatch -------------------------------------------------------------------------------
+
+
+def _outbox_rows(
+    messages: pd.DataFrame, *, at: datetime, task_key: str, entry_key: str, status: str
+) -> list[dict[str, Any]]:
+    frame = pd.DataFrame(
+        {
+            "effect_id": messages["effect_id"].astype("int64"),
+            "created_at": naive_utc(at),
+            "task_key": task_key,
+            "entry_key": entry_key,
+            "rule": messages["rule"],
+            "channel": messages["channel"],
+            "customer_id": messages["customer_id"].astype("int64"),
+            "recipient": messages["recipient"],
+            "subject": messages["subject"].str.slice(0, 300),
+            "body": messages["body"],
+            "status": status,
+        }
+    )
+    return records(frame)
+
+
+def _attach_claims(messages: pd.DataFrame, claimed: pd.DataFrame) -> pd.DataFrame:
+    """The messages that were claimed, with their `effect_id` and `attempts`."""
+    keyed = normalize_keys(messages.drop(columns=["effect_id", "attempts"], errors="ignore"))
+    return keyed.merge(
+        claimed[["effect_id", *KEY_COLUMNS, "attempts"]], on=list(KEY_COLUMNS), how="inner"
+    )
+
+
+def dispatch_notifications(
+    engine: sa.Engine,
+    notifier: Notifier,
+    messages: pd.DataFrame,
+    *,
+    at: datetime,
+    task_key: str,
+    entry_key: str,
+    chunk_rows: int = DISPATCH_CHUNK_ROWS,
+) -> pd.DataFrame:
+    """Send each message at most once per idempotency key; return the outcome of each.
+
+    Returns `messages` (same rows, same order) plus `outcome` (one of OUTCOMES),
+    `effect_id` and `error`. Messages whose key was claimed by a concurrent run in the
+    meantime count as `skipped_already_sent`. See the module docstring for the protocol.
+    """
+    missing = [c for c in MESSAGE_COLUMNS if c not in messages.columns]
+    if missing:
+        raise ValueError(f"messages frame is missing column(s) {missing}")
+    out = messages.reset_index(drop=True).copy()
+    duplicated = normalize_keys(out[list(KEY_COLUMNS)]).duplicated()
+    if duplicated.any():
+        raise ValueError(
+            f"{int(duplicated.sum())} message(s) repeat an idempotency key "
+            f"({', '.join(KEY_COLUMNS)}); a rule must yield each key once"
+        )
+    out["outcome"] = OUTCOME_ALREADY_SENT
+    out["error"] = None
+    if out.empty:
+        out["effect_id"] = pd.array([], dtype="Int64")
+        return out
+    classified = classify_effects(out[list(KEY_COLUMNS)], read_effects(engine, out))
+    out["effect_id"] = classified["effect_id"].astype("Int64")  # same index as `out`
+    state = classified["state"]
+    out.loc[(state == EFFECT_IN_FLIGHT).to_numpy(), "outcome"] = OUTCOME_IN_DOUBT
+    todo_mask = state.isin([STATE_NEW, EFFECT_FAILED]).to_numpy()
+    todo = out.loc[todo_mask].assign(state=state[todo_mask].to_numpy())
+    external = notifier.external_channels()
+    key_index = pd.MultiIndex.from_frame(normalize_keys(out[list(KEY_COLUMNS)]))
+
+    def record(settled: pd.DataFrame, outcome: str, errors: Sequence[str | None] = ()) -> None:
+        positions = key_index.get_indexer(pd.MultiIndex.from_frame(settled[list(KEY_COLUMNS)]))
+        out.loc[positions, "outcome"] = outcome
+        out.loc[positions, "effect_id"] = settled["effect_id"].to_numpy()
+        if errors:
+            out.loc[positions, "error"] = list(errors)
+
+    for start in range(0, len(todo), chunk_rows):
+        chunk = todo.iloc[start : start + chunk_rows]
+        outbox_part = chunk.loc[~chunk["channel"].isin(external)]
+        external_part = chunk.loc[chunk["channel"].isin(external)]
+        if not outbox_part.empty:
+            with engine.begin() as conn:
+                claimed = claim_effects(
+                    conn, outbox_part, at=at, task_key=task_key, entry_key=entry_key
+                )
+                ready = _attach_claims(outbox_part, claimed)
+                if not ready.empty:
+                    conn.execute(
+                        sa.insert(notification_outbox),
+                        _outbox_rows(
+                            ready,
+                            at=at,
+                            task_key=task_key,
+                            entry_key=entry_key,
+                            status=OUTBOX_PENDING,
+                        ),
+                    )
+                    settle_effects(conn, succeeded=ready["effect_id"], at=at)
+            if not ready.empty:
+                record(ready, OUTCOME_SENT)
+        if not external_part.empty:
+            # Commit the claim first: delivery cannot be rolled back.
+            with engine.begin() as conn:
+                claimed = claim_effects(
+                    conn, external_part, at=at, task_key=task_key, entry_key=entry_key
+                )
+            ready = _attach_claims(external_part, claimed)
+            if ready.empty:
+                continue
+            errors = notifier.deliver(ready)
+            if len(errors) != len(ready):
+                raise RuntimeError(
+                    f"{type(notifier).__name__}.deliver returned {len(errors)} results for "
+                    f"{len(ready)} messages; it must return one per message"
+                )
+            failed_mask = pd.Series([e is not None for e in errors], index=ready.index)
+            delivered = ready.loc[~failed_mask]
+            failed = ready.loc[failed_mask]
+            failed_errors = [e for e in errors if e is not None]
+            with engine.begin() as conn:
+                if not delivered.empty:
+                    conn.execute(
+                        sa.insert(notification_outbox),
+                        _outbox_rows(
+                            delivered,
+                            at=at,
+                            task_key=task_key,
+                            entry_key=entry_key,
+                            status=OUTBOX_DELIVERED,
+                        ),
+                    )
+                settle_effects(
+                    conn,
+                    succeeded=delivered["effect_id"],
+                    failed=dict(zip(failed["effect_id"].astype(int), failed_errors, strict=True)),
+                    at=at,
+                )
+            if not delivered.empty:
+                record(delivered, OUTCOME_SENT)
+            if not failed.empty:
+                record(failed, OUTCOME_FAILED, failed_errors)
+    return out
+
+
+def outcome_counts(outcomes: pd.DataFrame, by: Sequence[str] = ("rule", "channel")) -> pd.DataFrame:
+    """Counts of due messages and of each outcome per `by` group (one row per group)."""
+    columns = [*by, "due", *OUTCOMES]
+    if outcomes.empty:
+        return pd.DataFrame(columns=columns)
+    table = (
+        outcomes.groupby([*by, "outcome"], sort=True)
+        .size()
+        .unstack("outcome", fill_value=0)
+        .reindex(columns=list(OUTCOMES), fill_value=0)
+    )
+    table.insert(0, "due", table.sum(axis=1))
+    return table.reset_index()[columns]
