@@ -25,6 +25,12 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     # Test helper modules (pg_server, dagster_internals, ...) import as top-level modules.
     sys.path.insert(0, str(TESTS_DIR))
+if str(TESTS_DIR.parent) not in sys.path:
+    # With tests/ on sys.path, a test folder named like a package (tests/sensors, ...) is a
+    # namespace portion that shadows the real package: the editable install's finder runs
+    # after the path finder. A regular package anywhere on sys.path wins over namespace
+    # portions, so the project root goes at the end (helpers above still come first).
+    sys.path.append(str(TESTS_DIR.parent))
 
 import pg_server as pg  # noqa: E402
 

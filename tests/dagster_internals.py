@@ -397,3 +397,139 @@ def instigator_ticks(
                     )
                 )
     raise KeyError(f"no schedule or sensor named {name!r} in the workspace")
+
+
+# --- added for issue 4 (ledger-keeping sensors) ------------------------------------------------
+# Private imports again, for the same reason as above: the tests drive Dagster's real run-retry
+# daemon, run-monitoring daemon and run-worker command, write daemon heartbeats, and need a
+# run launcher that fails on demand. Checked against dagster 1.13.27.
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from dagster._core.test_utils import MockedRunLauncher  # noqa: E402
+from dagster._daemon.auto_run_reexecution.auto_run_reexecution import (  # noqa: E402
+    consume_new_runs_for_automatic_reexecution,
+)
+from dagster._daemon.monitoring.run_monitoring import (  # noqa: E402
+    execute_run_monitoring_iteration,
+)
+from dagster._daemon.types import DaemonHeartbeat  # noqa: E402
+from dagster._grpc.types import ExecuteRunArgs  # noqa: E402
+from dagster._serdes import serialize_value  # noqa: E402
+from dagster._time import get_current_datetime  # noqa: E402
+
+
+def dagster_now() -> dt.datetime:
+    """Dagster's clock: the frozen time inside ``run_*_tick`` (``freeze_time``), else now.
+
+    A test code location passes this as its sensors' ``clock``, so a sensor evaluated by
+    the daemon at a frozen time sees that time (production sensors read the wall clock).
+    """
+    return get_current_datetime()
+
+
+def run_retry_iteration(
+    workspace_context: WorkspaceProcessContext, now: dt.datetime, *, raise_on_error: bool = True
+) -> list[SerializableErrorInfo]:
+    """One pass of Dagster's automatic run-retry daemon at frozen time ``now``.
+
+    The real daemon (``EventLogConsumerDaemon``) feeds newly failed runs to
+    ``consume_new_runs_for_automatic_reexecution``; here every FAILURE run is fed, which is
+    safe because a run already retried is not retried again (``dagster/auto_retry_run_id``).
+    Retry runs are submitted through the instance's run coordinator and launcher.
+    """
+    from dagster import DagsterRunStatus, RunsFilter
+
+    now_utc = _utc(now)
+    instance = workspace_context.instance
+    with freeze_time(now_utc):
+        records = instance.get_run_records(filters=RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
+        values = list(
+            consume_new_runs_for_automatic_reexecution(
+                workspace_context, records, get_default_daemon_logger("EventLogConsumerDaemon")
+            )
+        )
+    return _errors(values, raise_on_error)
+
+
+def run_monitoring_iteration(
+    workspace_context: WorkspaceProcessContext, now: dt.datetime, *, raise_on_error: bool = True
+) -> list[SerializableErrorInfo]:
+    """One pass of Dagster's run-monitoring daemon at frozen time ``now`` (START_TIMEOUT,
+    max runtime). The instance needs ``run_monitoring: {enabled: true, ...}``."""
+    now_utc = _utc(now)
+    with freeze_time(now_utc):
+        values = list(
+            execute_run_monitoring_iteration(
+                workspace_context, get_default_daemon_logger("MonitoringDaemon")
+            )
+        )
+    return _errors(values, raise_on_error)
+
+
+def start_run_worker(
+    instance: DagsterInstance, run_id: str, *, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the run worker for an existing run, as Dagster's run launchers do:
+    ``python -m dagster api execute_run <ExecuteRunArgs>`` in a new process (a real,
+    killable worker). The run must be NOT_STARTED or STARTING (e.g. launched by
+    ``MockedRunLauncher``)."""
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.job_code_origin is None:
+        raise ValueError(f"run {run_id} does not exist or has no code origin")
+    args = ExecuteRunArgs(
+        job_origin=run.job_code_origin, run_id=run_id, instance_ref=instance.get_ref()
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)],
+        env=dict(os.environ if env is None else env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def write_daemon_heartbeat(
+    instance: DagsterInstance, daemon_type: str, timestamp: float, daemon_id: str = "test"
+) -> None:
+    """Record a heartbeat of ``daemon_type`` (e.g. ``"SCHEDULER"``) at ``timestamp``, as
+    the running daemon does every few seconds."""
+    instance.add_daemon_heartbeat(DaemonHeartbeat(timestamp, daemon_type, daemon_id, None))
+
+
+class FailingRunLauncher(MockedRunLauncher):
+    """``MockedRunLauncher`` whose ``launch_run`` raises while the file ``fail_marker``
+    exists: a run launcher error on demand (Dagster then marks the run FAILURE).
+
+    Use in ``daemon_instance(overrides=failing_launcher_config(path))``.
+    """
+
+    def __init__(self, inst_data: Any = None, fail_marker: str = "") -> None:
+        self.fail_marker = fail_marker
+        super().__init__(inst_data=inst_data)
+
+    def launch_run(self, context: Any) -> Any:
+        if self.fail_marker and Path(self.fail_marker).exists():
+            raise RuntimeError(f"test launcher refuses to launch (marker {self.fail_marker})")
+        return super().launch_run(context)
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field
+
+        return {"fail_marker": Field(str)}
+
+    @classmethod
+    def from_config_value(cls, inst_data: Any, config_value: Mapping[str, Any]) -> Any:
+        return cls(inst_data=inst_data, fail_marker=config_value["fail_marker"])
+
+
+def failing_launcher_config(marker: str | os.PathLike[str]) -> dict[str, Any]:
+    """``daemon_instance`` overrides selecting :class:`FailingRunLauncher`."""
+    return {
+        "run_launcher": {
+            "module": "dagster_internals",
+            "class": "FailingRunLauncher",
+            "config": {"fail_marker": str(marker)},
+        }
+    }

@@ -1,0 +1,46 @@
+"""``ledger_health``: the run ledger's health as an asset, materialized every slot.
+
+A task like any other (claimed through ``orchestration.runtime.task_run``, so a late or
+duplicate run does nothing); its body computes ``sensors.health.ledger_summary`` as of the
+run's due and reports it as metadata: the summary numbers, a per-task table and a Markdown
+report, so the Dagster UI shows the ledger's health next to the assets.
+"""
+
+import dagster as dg
+
+from orchestration.catalog import task_views
+from orchestration.registry import TaskSpec, find_task
+from orchestration.runtime import task_run
+from orchestration.tasks import TASKS
+from resources.ledger import RunLedger
+from sensors.health import ledger_summary, summary_metadata
+
+TASK_KEY = "ledger_health"
+
+
+def _spec() -> TaskSpec:
+    spec = find_task(TASKS, TASK_KEY)
+    if spec is None:  # a programming error: the asset exists but its task was removed
+        raise KeyError(f"no task {TASK_KEY!r} in orchestration/tasks.py")
+    return spec
+
+
+@dg.asset(
+    name=TASK_KEY,
+    group_name="ledger",
+    output_required=False,
+    description=(
+        "Ledger health every slot: active, stale, failed/success/manual-retry/dispatch-failed "
+        "and missed dues over 24 h, per task (table + Markdown metadata)."
+    ),
+    kinds={"sql"},
+)
+def ledger_health(context: dg.AssetExecutionContext, ledger: RunLedger):
+    spec = _spec()
+    with task_run(context, ledger, spec) as run:
+        if not run.claimed:
+            return
+        summary = ledger_summary(ledger, task_views(), run.as_of, instance=context.instance)
+        yield dg.MaterializeResult(
+            metadata={**summary_metadata(summary), "ledger_entry": run.entry.id}
+        )

@@ -1,0 +1,58 @@
+"""Sensors that keep the ledger true (reclaim, outcome reconciliation, audits).
+
+One module per sensor family; ``SENSORS`` is what the code location registers:
+
+- ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
+- ``<task>_redispatch_sensor`` (outcomes.py): dispatch_failed -> re-dispatch in its slot;
+- ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
+- ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;
+- ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong.
+
+``SENSORS`` is built from the registry on first access (PEP 562), so importing one sensor
+module — the CLI, a test code location, a run worker — does not build them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from orchestration.registry import CATCH_UP, TaskView
+from sensors.audit import build_catch_up_sensor
+from sensors.health import build_slot_health_sensor, utc_now
+from sensors.outcomes import build_outcome_sensor, build_redispatch_sensor
+from sensors.reclaim import build_reclaim_sensor
+
+if TYPE_CHECKING:
+    SENSORS: list[dg.SensorDefinition]
+
+
+def build_sensors(
+    views: Sequence[TaskView], *, clock: Callable[[], datetime] = utc_now
+) -> list[dg.SensorDefinition]:
+    """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests)."""
+    sensors = [
+        build_outcome_sensor(views, clock=clock),
+        build_reclaim_sensor(clock=clock),
+        build_slot_health_sensor(views, clock=clock),
+    ]
+    sensors += [build_redispatch_sensor(v, clock=clock) for v in views]
+    sensors += [
+        build_catch_up_sensor(v, clock=clock)
+        for v in views
+        if v.spec.missed_slot_policy == CATCH_UP
+    ]
+    return sensors
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SENSORS":
+        from orchestration.catalog import task_views
+
+        value = build_sensors(task_views())
+        globals()["SENSORS"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

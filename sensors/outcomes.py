@@ -1,0 +1,456 @@
+"""Outcome reconciliation and re-dispatch: the ledger learns what Dagster knows.
+
+A task run normally records its own outcome (``orchestration.runtime.task_run``). When it
+cannot — the worker was killed, the run never started (START_TIMEOUT), the launcher
+raised, run monitoring ended it — Dagster still ends the run FAILURE or CANCELED.
+``ledger_outcome_sensor`` follows those run-status events with a cursor (the event
+storage id) and applies ledger rules 2 and 5:
+
+- failed **before claiming** (the run id is not among the entry's runs) -> the entry is
+  created if needed and becomes ``dispatch_failed`` with Dagster's error (once per run);
+- failed **after claiming** while still the lease owner -> ``retrying`` when Dagster will
+  retry it (``dagster/will_retry``) and attempts are left, else ``failed`` with kind
+  ``timeout`` (max runtime) or ``error``;
+- a ``retrying`` entry whose latest run ended and that Dagster will not retry -> ``failed``;
+- anything else — terminal entries above all — is left alone.
+
+Every step is a compare-and-set in the ledger and checks the entry first, so evaluating
+the same event twice (a crashed tick, a restarted daemon) changes nothing the second time.
+
+``<task>_redispatch_sensor`` re-dispatches a ``dispatch_failed`` entry **within its own
+slot only**, at most ``max_redispatches`` times (default 3). Dagster's sensor run-key dedup
+holds a key forever, even for a failed run, so the n-th re-dispatch of a due uses run_key
+``<due>#redispatch-<n>`` where n is the number of dispatch failures the entry has recorded:
+a new failure gives a new key (never blocked), and re-evaluating the same state gives the
+same key (Dagster finds its run; no second run). The ledger's ``dispatch_failed -> queued``
+compare-and-set decides which evaluation re-dispatches; the claim decides which run acts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+import dagster as dg
+
+from orchestration import tags as t
+from orchestration.registry import TaskView
+from orchestration.runtime import entry_request_from_tags
+from orchestration.slots import floor_to_slot, format_due
+from resources.ledger import (
+    DEFAULT_MAX_ATTEMPTS,
+    DISPATCHABLE_STATUSES,
+    MAX_DISPATCH_FAILURES,
+    SUMMARY_DISPATCH_FAILURES,
+    Entry,
+    RunLedger,
+    dedup_key_for_due,
+)
+from sensors.audit import due_run_request
+from sensors.health import utc_now
+
+#: Re-dispatches of one due per slot (the ledger keeps the newest 5 dispatch failures, and
+#: the failure count numbers the re-dispatches, so at most 4 are possible).
+DEFAULT_MAX_REDISPATCHES: Final = 3
+MAX_REDISPATCHES_LIMIT: Final = MAX_DISPATCH_FAILURES - 1
+#: A failed run without ``dagster/will_retry`` yet (the tag is written just after the
+#: failure event) is looked at again on the next tick, for at most this long.
+WILL_RETRY_GRACE: Final = timedelta(seconds=60)
+#: Run-status events one evaluation handles per event type.
+BATCH: Final = 200
+#: On first evaluation (no cursor), look this far back for run failures.
+FIRST_LOOKBACK: Final = timedelta(hours=24)
+
+_RunEnd = Literal[dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED]
+_OUTCOME_EVENTS: Final[dict[str, _RunEnd]] = {
+    "FAILURE": dg.DagsterEventType.RUN_FAILURE,
+    "CANCELED": dg.DagsterEventType.RUN_CANCELED,
+}
+
+
+class Action(StrEnum):
+    """What the reconciler does to an entry for one ended run."""
+
+    NONE = "none"
+    DISPATCH_FAILED = "dispatch_failed"  # never claimed -> dispatch_failed (+ error)
+    FAIL_ATTEMPT = "fail_attempt"  # owner died, Dagster retries -> ledger.fail (retrying)
+    FAIL_FINAL = "fail_final"  # no further attempt will come -> failed
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What Dagster knows about one ended task run."""
+
+    run_id: str
+    status: str  # "FAILURE" or "CANCELED"
+    will_retry: bool
+    message: str
+    timed_out: bool = False
+
+    @property
+    def kind(self) -> str:
+        return t.FAILURE_TIMEOUT if self.timed_out else t.FAILURE_ERROR
+
+    def error_text(self, claimed: bool) -> str:
+        verb = "failed" if self.status == "FAILURE" else "was canceled"
+        when = (
+            "after claiming the entry, without recording its outcome"
+            if claimed
+            else ("before it claimed the entry (it never started the task)")
+        )
+        return f"Dagster run {self.run_id} {verb} {when}: {self.message}".strip()
+
+
+def _dispatch_run_ids(entry: Entry) -> set[str]:
+    return {
+        str(item.get("run_id"))
+        for item in entry.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+        if isinstance(item, Mapping) and item.get("run_id")
+    }
+
+
+def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
+    """Pure: the reconciler's decision for one ended run and the entry's current state."""
+    if entry is None:
+        return Action.DISPATCH_FAILED, "no ledger entry: the run never reached the task"
+    if entry.is_terminal:
+        return Action.NONE, f"entry is {entry.status}: terminal, never overwritten"
+    if outcome.run_id not in entry.run_ids:
+        if outcome.run_id in _dispatch_run_ids(entry):
+            return Action.NONE, "dispatch failure of this run already recorded"
+        if entry.status in DISPATCHABLE_STATUSES:
+            return Action.DISPATCH_FAILED, "the run ended before claiming the entry"
+        return Action.NONE, f"entry is {entry.status} under another run: this run was a duplicate"
+    if entry.status == t.STATUS_RUNNING and entry.lease_owner == outcome.run_id:
+        if outcome.will_retry and entry.attempt < entry.max_attempts:
+            return Action.FAIL_ATTEMPT, "the lease owner ended and Dagster will retry it"
+        return Action.FAIL_FINAL, "the lease owner ended and no retry will come"
+    if (
+        entry.status == t.STATUS_RETRYING
+        and entry.run_ids
+        and entry.run_ids[-1] == outcome.run_id
+        and not outcome.will_retry
+    ):
+        return Action.FAIL_FINAL, "the entry waits for a retry that Dagster will not launch"
+    return Action.NONE, f"entry is {entry.status}: nothing to reconcile for this run"
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    run_id: str
+    task_key: str
+    action: Action
+    reason: str
+    entry: Entry | None
+
+    def line(self) -> str:
+        where = f"entry {self.entry.id} -> {self.entry.status}" if self.entry else "no entry"
+        return f"run {self.run_id} ({self.task_key}): {self.action.value}: {self.reason}; {where}"
+
+
+def reconcile_run(
+    ledger: RunLedger,
+    tags: Mapping[str, str],
+    outcome: RunOutcome,
+    specs_max_attempts: Mapping[str, int],
+    *,
+    now: datetime | None = None,
+) -> Reconciled:
+    """Apply :func:`decide` to the ledger for one ended run (idempotent)."""
+    request = entry_request_from_tags(tags, outcome.run_id)
+    entry = ledger.find(request.task_key, request.dedup_key)
+    action, reason = decide(entry, outcome)
+    if action is Action.DISPATCH_FAILED:
+        if entry is None:
+            entry = ledger.ensure_entry(
+                task_key=request.task_key,
+                trigger=request.trigger,
+                dedup_key=request.dedup_key,
+                due=request.due,
+                max_attempts=specs_max_attempts.get(request.task_key, DEFAULT_MAX_ATTEMPTS),
+                operator=request.operator,
+                reason=request.reason,
+                parent_id=request.parent_id,
+                now=now,
+            )
+            action, reason = decide(entry, outcome)  # a racing run may have claimed it
+        if action is Action.DISPATCH_FAILED:
+            entry = ledger.record_dispatch_failure(
+                entry.id, error=outcome.error_text(claimed=False), run_id=outcome.run_id, now=now
+            )
+    elif action is Action.FAIL_ATTEMPT:
+        assert entry is not None
+        entry = ledger.fail(
+            entry.id, outcome.run_id, error=outcome.error_text(True), kind=outcome.kind, now=now
+        )
+    elif action is Action.FAIL_FINAL:
+        assert entry is not None
+        after = ledger.settle_unretried_run(
+            entry.id, outcome.run_id, error=outcome.error_text(True), kind=outcome.kind, now=now
+        )
+        entry = after or ledger.get(entry.id)
+    return Reconciled(outcome.run_id, request.task_key, action, reason, entry)
+
+
+# --- reading Dagster's side ----------------------------------------------------------------------
+
+
+def _error_of(event: Any) -> str:
+    """First line of an error attached to a Dagster event, if any."""
+    data = getattr(event, "event_specific_data", None)
+    error = getattr(data, "error", None)
+    message = getattr(error, "message", None)
+    return str(message).strip() if message else ""
+
+
+def _launch_error(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The newest engine-event error of a run (a run launcher's exception lands there)."""
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ENGINE_EVENT, ascending=False, limit=20
+    ).records
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        text = _error_of(event) if event is not None else ""
+        if text:
+            return text
+    return ""
+
+
+def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:
+    """Run monitoring ended the run for exceeding ``dagster/max_runtime``."""
+    if "maximum runtime" in message.lower():
+        return True
+    if record is None or record.start_time is None or record.end_time is None:
+        return False
+    limit = record.dagster_run.tags.get(t.DAGSTER_MAX_RUNTIME)
+    try:
+        return limit is not None and record.end_time - record.start_time >= float(limit)
+    except ValueError:
+        return False
+
+
+def run_outcome(
+    instance: dg.DagsterInstance, event_record: dg.EventLogRecord, status: str
+) -> tuple[RunOutcome, Mapping[str, str]] | None:
+    """The :class:`RunOutcome` of a run-status event and the run's tags (None: not a task run
+    or the run is gone)."""
+    run_id = event_record.event_log_entry.run_id
+    record = instance.get_run_record_by_id(run_id)
+    if record is None or t.TAG_TASK not in record.dagster_run.tags:
+        return None
+    tags = record.dagster_run.tags
+    event = event_record.event_log_entry.dagster_event
+    parts = [(event.message or "") if event is not None else ""]
+    detail = _error_of(event) if event is not None else ""
+    if not detail and status == "FAILURE":
+        detail = _launch_error(instance, run_id)
+    if detail and detail not in parts[0]:
+        parts.append(detail)
+    reason = tags.get(t.DAGSTER_FAILURE_REASON)
+    if reason:
+        parts.append(f"({t.DAGSTER_FAILURE_REASON}={reason})")
+    message = " ".join(p.strip() for p in parts if p and p.strip())
+    outcome = RunOutcome(
+        run_id=run_id,
+        status=status,
+        will_retry=tags.get(t.DAGSTER_WILL_RETRY, "").lower() == "true",
+        message=message,
+        timed_out=run_timed_out(record, message),
+    )
+    return outcome, tags
+
+
+def _load_cursor(text: str | None) -> dict[str, int]:
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {k: int(v) for k, v in data.items() if k in _OUTCOME_EVENTS and isinstance(v, int)}
+
+
+def reconcile_events(
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    views: Sequence[TaskView],
+    cursor: str | None,
+    now: datetime,
+    log: Any | None = None,
+) -> tuple[str, list[Reconciled]]:
+    """Handle run FAILURE / CANCELED events after ``cursor``; returns the new cursor and what
+    was done. A FAILURE still waiting for its ``dagster/will_retry`` tag stops its batch
+    there (for at most WILL_RETRY_GRACE), so the next evaluation sees it again."""
+    positions = _load_cursor(cursor)
+    jobs = [v.spec.job_name for v in views]
+    max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
+    done: list[Reconciled] = []
+    for status, event_type in _OUTCOME_EVENTS.items():
+        after = positions.get(status)
+        records_filter = dg.RunStatusChangeRecordsFilter(
+            event_type=event_type,
+            after_storage_id=after,
+            after_timestamp=None if after is not None else (now - FIRST_LOOKBACK).timestamp(),
+            job_names=jobs,
+        )
+        result = instance.fetch_run_status_changes(records_filter, limit=BATCH, ascending=True)
+        for record in result.records:
+            found = run_outcome(instance, record, status)
+            if found is not None:
+                outcome, tags = found
+                waiting = (
+                    status == "FAILURE"
+                    and instance.run_retries_enabled
+                    and t.DAGSTER_WILL_RETRY not in tags
+                    and now.timestamp() - record.timestamp < WILL_RETRY_GRACE.total_seconds()
+                )
+                if waiting:
+                    break
+                try:
+                    item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
+                except ValueError as exc:
+                    # Malformed tags (e.g. a hand-made dueledger/due): skip the run rather
+                    # than stall the cursor on it forever. Ledger outages raise LedgerError
+                    # and are retried on the next evaluation.
+                    if log is not None:
+                        log.warning(f"run {outcome.run_id}: cannot reconcile: {exc}")
+                    positions[status] = record.storage_id
+                    continue
+                if item.action is not Action.NONE:
+                    done.append(item)
+                    if log is not None:
+                        log.info(item.line())
+            positions[status] = record.storage_id
+    return json.dumps(positions, sort_keys=True), done
+
+
+def build_outcome_sensor(
+    views: Sequence[TaskView],
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    minimum_interval_seconds: int = 30,
+) -> dg.SensorDefinition:
+    """``ledger_outcome_sensor``: brings entries in line with runs Dagster ended FAILURE or
+    CANCELED without the run recording its outcome. Launches nothing."""
+
+    @dg.sensor(
+        name="ledger_outcome_sensor",
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            "Reconciles ledger entries with task runs that Dagster ended FAILURE or CANCELED "
+            "(killed worker, START_TIMEOUT, launch error, max runtime); never a new run."
+        ),
+    )
+    def ledger_outcome_sensor(
+        context: dg.SensorEvaluationContext, ledger: RunLedger
+    ) -> dg.SensorResult:
+        now = clock()
+        ledger.migrate()
+        cursor, done = reconcile_events(
+            context.instance, ledger, views, context.cursor, now, context.log
+        )
+        summary = f"reconciled {len(done)} run(s)" if done else "nothing to reconcile"
+        return dg.SensorResult(skip_reason=summary, cursor=cursor)
+
+    return ledger_outcome_sensor
+
+
+# --- re-dispatch -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedispatchPlan:
+    """What a re-dispatch evaluation does for the current slot's entry."""
+
+    number: int | None  # n of run_key <due>#redispatch-<n>; None: nothing to request
+    compare_and_set: bool  # dispatch_failed -> queued first
+    reason: str
+
+
+def redispatch_run_key(due: datetime, number: int) -> str:
+    """``<due>#redispatch-<n>``: unique per (due, n), so never blocked by an older key."""
+    return f"{format_due(due)}#redispatch-{number}"
+
+
+def plan_redispatch(
+    entry: Entry | None, max_redispatches: int, *, last_failure_canceled: bool = False
+) -> RedispatchPlan:
+    """Pure: whether the current slot's entry gets (or keeps) a re-dispatch run request."""
+    if entry is None:
+        return RedispatchPlan(None, False, "no entry for this slot's due")
+    failures = len(entry.summary.get(SUMMARY_DISPATCH_FAILURES, []))
+    if entry.status == t.STATUS_DISPATCH_FAILED:
+        if failures == 0:
+            return RedispatchPlan(None, False, "dispatch_failed without a recorded failure")
+        if entry.manual_retry_at is not None:
+            return RedispatchPlan(None, False, "a manual retry was made of this entry")
+        if last_failure_canceled:
+            return RedispatchPlan(None, False, "its last run was canceled by an operator")
+        if failures > max_redispatches:
+            return RedispatchPlan(
+                None,
+                False,
+                f"re-dispatch budget used: {failures} dispatch failures, at most "
+                f"{max_redispatches} re-dispatches per slot",
+            )
+        return RedispatchPlan(failures, True, f"dispatch failure {failures}: re-dispatching")
+    if entry.status == t.STATUS_QUEUED and 0 < failures <= max_redispatches:
+        # Re-dispatched already (perhaps by a tick that crashed before its run request was
+        # stored): ask again with the same key; Dagster finds the run if it exists.
+        return RedispatchPlan(failures, False, f"re-dispatch {failures} pending")
+    return RedispatchPlan(None, False, f"entry is {entry.status}: nothing to re-dispatch")
+
+
+def _last_failure_canceled(instance: dg.DagsterInstance, entry: Entry) -> bool:
+    items = entry.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+    run_id = items[-1].get("run_id") if items and isinstance(items[-1], Mapping) else None
+    if not run_id:
+        return False
+    run = instance.get_run_by_id(str(run_id))
+    return run is not None and run.status == dg.DagsterRunStatus.CANCELED
+
+
+def build_redispatch_sensor(
+    view: TaskView,
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    max_redispatches: int = DEFAULT_MAX_REDISPATCHES,
+    minimum_interval_seconds: int = 30,
+) -> dg.SensorDefinition:
+    """``<task>_redispatch_sensor``: re-dispatches the current slot's ``dispatch_failed``
+    entry of one task, at most ``max_redispatches`` times per slot."""
+    if not 0 <= max_redispatches <= MAX_REDISPATCHES_LIMIT:
+        raise ValueError(
+            f"max_redispatches={max_redispatches} must be in 0..{MAX_REDISPATCHES_LIMIT} "
+            f"(the ledger keeps the newest {MAX_DISPATCH_FAILURES} dispatch failures)"
+        )
+    spec = view.spec
+
+    @dg.sensor(
+        name=f"{spec.key}_redispatch_sensor",
+        job_name=spec.job_name,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            f"Re-dispatches {spec.key}'s dispatch_failed entry within its own slot, at most "
+            f"{max_redispatches} times; run_key <due>#redispatch-<n>."
+        ),
+    )
+    def _redispatch(context: dg.SensorEvaluationContext, ledger: RunLedger):
+        now = clock()
+        due = floor_to_slot(now, view.slot_minutes)
+        ledger.migrate()
+        entry = ledger.find(spec.key, dedup_key_for_due(due))
+        canceled = entry is not None and _last_failure_canceled(context.instance, entry)
+        plan = plan_redispatch(entry, max_redispatches, last_failure_canceled=canceled)
+        if plan.number is None or entry is None:
+            return dg.SkipReason(f"{spec.key}@{format_due(due)}: {plan.reason}")
+        if plan.compare_and_set and not ledger.redispatch(entry.id, now=now):
+            return dg.SkipReason(f"{spec.key}@{format_due(due)}: entry changed meanwhile")
+        context.log.info(f"{spec.key}@{format_due(due)} entry {entry.id}: {plan.reason}")
+        return due_run_request(view, due, redispatch_run_key(due, plan.number))
+
+    return _redispatch

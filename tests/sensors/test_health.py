@@ -1,0 +1,250 @@
+"""Ledger health: summary numbers against a hand-built ledger (SQLite and PostgreSQL), the
+``ledger_health`` asset's metadata, and the slot-health warning (once per slot, silent when
+healthy). Times are injected named instants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+from sensor_support import fixture_module
+
+from orchestration import tags as t
+from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
+from sensors.health import build_slot_health_sensor, ledger_summary
+
+NOW = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
+DAY_AGO = NOW - timedelta(hours=24)
+THIRTY_HOURS_AGO = NOW - timedelta(hours=30)
+TTL = timedelta(minutes=5)
+
+
+def at(hh: int, mm: int) -> datetime:
+    return datetime(2026, 11, 30, hh, mm, tzinfo=UTC)
+
+
+def views():
+    module = fixture_module()
+    return module.views_of(module.STRICT, module.CATCH_UP_TASK)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[RunLedger]:
+    resource = RunLedger(database_url=ledger_url)
+    resource.migrate()
+    yield resource
+    resource.dispose()
+
+
+def _due_entry(ledger: RunLedger, due: datetime, *, task: str = "strict_task", attempts: int = 3):
+    return ledger.ensure_entry(
+        task_key=task,
+        trigger=t.TRIGGER_SCHEDULE,
+        dedup_key=dedup_key_for_due(due),
+        max_attempts=attempts,
+        now=due,
+    )
+
+
+def build_ledger(ledger: RunLedger) -> None:
+    """strict_task dues 20:00-22:45 with one of each fate, five dues never run; catch_up_task
+    last ran 30 hours ago."""
+    reclaimed = _due_entry(ledger, at(22, 30))
+    ledger.claim(reclaimed.id, "run-reclaimed", lease_ttl=TTL, now=at(22, 30))
+    assert len(ledger.reclaim_expired(now=at(22, 40))) == 1  # failed, lease_reclaimed
+
+    ok = _due_entry(ledger, at(20, 0))
+    ledger.claim(ok.id, "run-ok", lease_ttl=TTL, now=at(20, 0))
+    assert ledger.succeed(ok.id, "run-ok", now=at(20, 1))
+
+    failed = _due_entry(ledger, at(20, 15), attempts=1)
+    ledger.claim(failed.id, "run-failed", lease_ttl=TTL, now=at(20, 15))
+    ledger.fail(failed.id, "run-failed", error="RuntimeError: boom", now=at(20, 16))
+
+    stale = _due_entry(ledger, at(20, 30))
+    ledger.claim(stale.id, "run-stale", lease_ttl=TTL, now=at(20, 30))  # expired 20:35
+
+    dispatch = _due_entry(ledger, at(20, 45))
+    ledger.record_dispatch_failure(
+        dispatch.id, error="launcher down", run_id="run-x", now=at(20, 46)
+    )
+
+    active = _due_entry(ledger, at(21, 0))
+    ledger.claim(active.id, "run-active", lease_ttl=timedelta(minutes=10), now=at(22, 58))
+
+    _due_entry(ledger, at(22, 45))  # queued, its run not started yet
+    ledger.ensure_entry(
+        task_key="strict_task",
+        trigger=t.TRIGGER_MANUAL_RETRY,
+        dedup_key=dedup_key_for_retry(failed.id),
+        parent_id=failed.id,
+        operator="ops",
+        reason="retry the failed due",
+        now=at(22, 0),
+    )
+
+    old = _due_entry(ledger, THIRTY_HOURS_AGO, task="catch_up_task")
+    ledger.claim(old.id, "run-old", lease_ttl=TTL, now=THIRTY_HOURS_AGO)
+    ledger.succeed(old.id, "run-old", now=THIRTY_HOURS_AGO + timedelta(minutes=1))
+
+
+EXPECTED_TOTALS = {
+    "active": 1,
+    "stale": 1,
+    "failed_24h": 2,
+    "success_24h": 1,
+    "manual_retry_24h": 1,
+    "dispatch_failed_24h": 1,
+    "lease_reclaimed_24h": 1,
+    "queued": 2,
+    "retrying": 0,
+    # strict: 21:15 21:30 21:45 22:00 22:15; catch_up: every due of the window (96)
+    "missed_24h": 5 + 96,
+}
+COUNTED = (
+    "active",
+    "stale",
+    "failed_24h",
+    "success_24h",
+    "manual_retry_24h",
+    "dispatch_failed_24h",
+    "missed_24h",
+)
+
+
+def test_summary_numbers_match_a_hand_built_ledger(ledger):
+    build_ledger(ledger)
+    summary = ledger_summary(ledger, views(), NOW)
+    assert {k: summary[k] for k in EXPECTED_TOTALS} == EXPECTED_TOTALS
+    strict = next(r for r in summary["tasks"] if r["task_key"] == "strict_task")
+    assert strict["missed_dues"] == [
+        "2026-11-30T21:15:00Z",
+        "2026-11-30T21:30:00Z",
+        "2026-11-30T21:45:00Z",
+        "2026-11-30T22:00:00Z",
+        "2026-11-30T22:15:00Z",
+    ]
+    assert strict["last_success_at"] == "2026-11-30T20:01:00Z"
+    catch_up = next(r for r in summary["tasks"] if r["task_key"] == "catch_up_task")
+    assert (catch_up["success_24h"], catch_up["missed_24h"]) == (0, 96)
+
+
+def test_per_task_rows_add_up_to_the_summary_totals(ledger):
+    # The totals are RunLedger.summary_counts (the query `dueledger summary` runs); the
+    # per-task table is computed separately with the same definitions: they must agree.
+    build_ledger(ledger)
+    summary = ledger_summary(ledger, views(), NOW)
+    for key in COUNTED:
+        assert sum(row[key] for row in summary["tasks"]) == summary[key], key
+
+
+def test_an_empty_ledger_is_all_zero_and_audits_nothing(ledger):
+    summary = ledger_summary(ledger, views(), NOW)
+    assert {k: summary[k] for k in COUNTED} == dict.fromkeys(COUNTED, 0)
+    assert [r["audited_since"] for r in summary["tasks"]] == [None, None]
+
+
+def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str):
+    from assets.ledger_health import ledger_health
+
+    due = "2026-11-30T23:00:00Z"
+    result = dg.materialize(
+        [ledger_health],
+        resources={"ledger": RunLedger(database_url=ledger_url)},
+        instance=dg.DagsterInstance.ephemeral(),
+        tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: due},
+    )
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    # The health run counts itself: it is running (with a live lease) while it computes.
+    assert {k: metadata[k].value for k in COUNTED} == {**dict.fromkeys(COUNTED, 0), "active": 1}
+    table, report = metadata["per_task"], metadata["report"]
+    assert isinstance(table, dg.TableMetadataValue) and isinstance(report, dg.MarkdownMetadataValue)
+    assert "ledger_health" in [r.data["task_key"] for r in table.records]
+    assert "Ledger health as of 2026-11-30T23:00:00Z" in (report.md_str or "")
+    entry = RunLedger(database_url=ledger_url).find("ledger_health", f"due:{due}")
+    assert entry is not None and entry.status == t.STATUS_SUCCESS
+
+
+# --- slot health: one warning per slot, silent when healthy ----------------------------------
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.alerts: list[dict] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.alerts.append(json.loads(record.getMessage()))
+
+
+@pytest.fixture
+def alerts() -> Iterator[list[dict]]:
+    handler = _Collect()
+    logger = logging.getLogger("dueledger.alerts")
+    logger.addHandler(handler)
+    yield handler.alerts
+    logger.removeHandler(handler)
+
+
+def _evaluate(ledger: RunLedger, now: datetime, cursor: str | None) -> dg.SensorResult:
+    sensor = build_slot_health_sensor(views(), clock=lambda: now)
+    with dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), cursor=cursor, resources={"ledger": ledger}
+    ) as context:
+        result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def test_slot_health_is_silent_when_healthy(ledger, alerts):
+    for minute in (0, 15, 30):
+        due = at(22, minute)
+        entry = _due_entry(ledger, due)
+        ledger.claim(entry.id, f"run-{minute}", lease_ttl=TTL, now=due)
+        ledger.succeed(entry.id, f"run-{minute}", now=due + timedelta(minutes=1))
+    result = _evaluate(ledger, at(22, 46), None)
+    assert alerts == []
+    assert result.cursor is not None and "healthy" in (result.skip_reason.skip_message or "")  # type: ignore[union-attr]
+
+
+def test_slot_health_warns_once_per_slot_listing_what_went_wrong(ledger, alerts):
+    entry = _due_entry(ledger, at(22, 0))
+    ledger.claim(entry.id, "run-dead", lease_ttl=TTL, now=at(22, 0))
+    ledger.reclaim_expired(now=at(22, 20))
+    ok = _due_entry(ledger, at(22, 15))
+    ledger.record_dispatch_failure(
+        ok.id, error="launcher down\ntrace", run_id="run-y", now=at(22, 16)
+    )
+
+    first = _evaluate(
+        ledger,
+        at(22, 31),
+        json.dumps({"slot": "2026-11-30T22:00:00Z", "at": at(22, 1).isoformat()}),
+    )
+    (alert,) = alerts
+    assert alert["alert"] == "slot_health" and alert["slot"] == "2026-11-30T22:30:00Z"
+    assert [(r["task"], r["run_id"]) for r in alert["reclaims"]] == [("strict_task", "run-dead")]
+    assert [(d["run_id"], d["error"]) for d in alert["dispatch_failures"]] == [
+        ("run-y", "launcher down")
+    ]
+    assert alert["missed_dues"] == {}
+
+    again = _evaluate(ledger, at(22, 40), first.cursor)  # the same slot: nothing more
+    assert len(alerts) == 1 and again.cursor is None
+    ledger.ensure_entry(
+        task_key="strict_task",
+        trigger=t.TRIGGER_SCHEDULE,
+        dedup_key=dedup_key_for_due(at(22, 30)),
+        now=at(22, 30),
+    )
+    _evaluate(ledger, at(22, 46), first.cursor)  # next slot, nothing new: silent
+    assert len(alerts) == 1
+    _evaluate(ledger, at(23, 1), first.cursor)  # 22:45 never ran: that is news
+    assert alerts[-1]["missed_dues"] == {"strict_task": ["2026-11-30T22:45:00Z"]}

@@ -1,0 +1,588 @@
+"""Outcome reconciliation, retries as attempts, and re-dispatch of dispatch failures.
+
+Pure decision tables first; then scenarios through Dagster's real daemon code paths
+(scheduler, sensors, run retries, run monitoring) against a real SQLite ledger, with the
+test code location tests/fixtures/ledger_defs.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster_internals import (
+    daemon_instance,
+    daemon_workspace,
+    failing_launcher_config,
+    run_monitoring_iteration,
+    run_retry_iteration,
+    run_scheduler_tick,
+    run_sensor_tick,
+    start_run_worker,
+)
+from sensor_support import LedgerEnv, target, task_runs, wait_for
+
+from orchestration import tags as t
+from resources.ledger import RunLedger
+from sensors.outcomes import (
+    Action,
+    RunOutcome,
+    decide,
+    plan_redispatch,
+    reconcile_run,
+    redispatch_run_key,
+)
+
+pytestmark = pytest.mark.daemon
+
+# --- named instants ---------------------------------------------------------------------------
+DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+BEFORE_DUE = DUE - timedelta(minutes=1)  # the daemon is already up (records starts)
+AT_DUE = DUE + timedelta(seconds=5)
+NEXT_SLOT = DUE + timedelta(minutes=15)
+
+RETRIES_ON = {"run_retries": {"enabled": True, "max_retries": 0}}
+MONITORING_ON = {
+    "run_monitoring": {"enabled": True, "start_timeout_seconds": 180, "poll_interval_seconds": 30}
+}
+
+
+# --- pure: the reconciler's decision table ---------------------------------------------------
+
+
+def make_entry(**changes: Any) -> Any:
+    from resources.ledger import Entry
+
+    base: dict[str, Any] = {
+        "id": 1,
+        "task_key": "strict_task",
+        "trigger": t.TRIGGER_SCHEDULE,
+        "origin": "due",
+        "dedup_key": "due:2026-11-30T22:45:00Z",
+        "due": DUE,
+        "status": t.STATUS_QUEUED,
+        "attempt": 0,
+        "max_attempts": 3,
+        "parent_id": None,
+        "run_ids": (),
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "heartbeat_at": None,
+        "created_at": DUE,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": DUE,
+        "operator": None,
+        "reason": None,
+        "failure_kind": None,
+        "error": None,
+        "summary": {"late_job_rejections": [], "dispatch_failures": [], "hooks": []},
+        "manual_retry_at": None,
+        "manual_retry_by": None,
+    }
+    base.update(changes)
+    return Entry(**base)
+
+
+def failures(*run_ids: str) -> dict[str, Any]:
+    items = [{"at": "2026-11-30T22:46:00.000000Z", "error": "boom", "run_id": r} for r in run_ids]
+    return {"late_job_rejections": [], "dispatch_failures": items, "hooks": []}
+
+
+FAILED_RUN = RunOutcome("run-x", "FAILURE", will_retry=True, message="killed")
+NO_RETRY = dataclasses.replace(FAILED_RUN, will_retry=False)
+CANCELED = RunOutcome("run-x", "CANCELED", will_retry=False, message="canceled")
+
+DECISIONS = [
+    ("no entry: failed before the task started", None, FAILED_RUN, Action.DISPATCH_FAILED),
+    ("queued entry, run never claimed", make_entry(), FAILED_RUN, Action.DISPATCH_FAILED),
+    (
+        "retrying entry, its retry run never started",
+        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-a",)),
+        FAILED_RUN,
+        Action.DISPATCH_FAILED,
+    ),
+    (
+        "the same dispatch failure evaluated again",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("run-x")),
+        FAILED_RUN,
+        Action.NONE,
+    ),
+    (
+        "owner died, Dagster retries, attempts left",
+        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        FAILED_RUN,
+        Action.FAIL_ATTEMPT,
+    ),
+    (
+        "owner died on its last attempt",
+        make_entry(
+            status=t.STATUS_RUNNING, attempt=3, run_ids=("a", "b", "run-x"), lease_owner="run-x"
+        ),
+        FAILED_RUN,
+        Action.FAIL_FINAL,
+    ),
+    (
+        "owner died, Dagster will not retry",
+        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        NO_RETRY,
+        Action.FAIL_FINAL,
+    ),
+    (
+        "owner canceled",
+        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        CANCELED,
+        Action.FAIL_FINAL,
+    ),
+    (
+        "retrying after its run recorded the failure, no retry coming",
+        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-x",), error="E"),
+        NO_RETRY,
+        Action.FAIL_FINAL,
+    ),
+    (
+        "retrying after its run recorded the failure, retry coming",
+        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-x",), error="E"),
+        FAILED_RUN,
+        Action.NONE,
+    ),
+    (
+        "success is never overwritten",
+        make_entry(status=t.STATUS_SUCCESS, attempt=1, run_ids=("run-x",)),
+        NO_RETRY,
+        Action.NONE,
+    ),
+    (
+        "failed is never overwritten",
+        make_entry(status=t.STATUS_FAILED, attempt=1, run_ids=("run-x",)),
+        FAILED_RUN,
+        Action.NONE,
+    ),
+    (
+        "a duplicate run while another run holds the lease",
+        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-a",), lease_owner="run-a"),
+        FAILED_RUN,
+        Action.NONE,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("entry", "outcome", "expected"),
+    [pytest.param(e, o, x, id=name) for name, e, o, x in DECISIONS],
+)
+def test_the_reconciler_decides_from_the_entry_and_what_dagster_knows(entry, outcome, expected):
+    action, reason = decide(entry, outcome)
+    assert action is expected, reason
+
+
+REDISPATCH = [
+    ("no entry in this slot", None, False, None, False),
+    (
+        "first dispatch failure",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+        False,
+        1,
+        True,
+    ),
+    (
+        "third dispatch failure",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a", "b", "c")),
+        False,
+        3,
+        True,
+    ),
+    (
+        "budget used (4 failures, 3 re-dispatches)",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a", "b", "c", "d")),
+        False,
+        None,
+        False,
+    ),
+    (
+        "re-dispatched, run not yet claimed: same key again",
+        make_entry(status=t.STATUS_QUEUED, summary=failures("a")),
+        False,
+        1,
+        False,
+    ),
+    ("queued, never failed", make_entry(), False, None, False),
+    (
+        "operator canceled the run",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+        True,
+        None,
+        False,
+    ),
+    (
+        "a manual retry was made",
+        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a"), manual_retry_at=DUE),
+        False,
+        None,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("entry", "canceled", "number", "cas"),
+    [pytest.param(e, c, n, s, id=name) for name, e, c, n, s in REDISPATCH],
+)
+def test_a_redispatch_is_numbered_by_the_dispatch_failures_and_bounded(
+    entry, canceled, number, cas
+):
+    plan = plan_redispatch(entry, 3, last_failure_canceled=canceled)
+    assert (plan.number, plan.compare_and_set) == (number, cas), plan.reason
+
+
+def test_redispatch_run_keys_are_unique_per_due_and_number():
+    assert redispatch_run_key(DUE, 1) == "2026-11-30T22:45:00Z#redispatch-1"
+    assert redispatch_run_key(DUE, 2) != redispatch_run_key(DUE, 1)
+
+
+# --- retries as attempts: run retries relaunch, the same entry counts attempts ----------------
+
+
+@dataclasses.dataclass
+class RetryScenario:
+    instance: dg.DagsterInstance
+    ledger: RunLedger
+    attempts_log: list[tuple[str, str, int]]
+    entries_before_outcome_tick: dict[str, Any]
+    extra_runs_after_exhaustion: int
+
+
+@pytest.fixture(scope="module")
+def retried(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetryScenario]:
+    """One due of ``flaky_task`` (fails attempts 1-2) and ``failing_task`` (always fails),
+    launched by the real scheduler, executed in-process, retried by Dagster's real run-retry
+    daemon code until nothing is left to retry; then the outcome sensor runs over it all."""
+    tmp = tmp_path_factory.mktemp("retries")
+    with pytest.MonkeyPatch.context() as mp:
+        url = f"sqlite:///{tmp / 'ledger.sqlite'}"
+        mp.setenv("DUELEDGER_DATABASE_URL", url)
+        mp.setenv("LEDGER_DEFS_LOG", str(tmp / "attempts.log"))
+        ledger = RunLedger(database_url=url)
+        ledger.migrate()
+        with (
+            daemon_instance("sync", temp_dir=tmp / "instance", overrides=RETRIES_ON) as instance,
+            daemon_workspace(instance, target("retry_defs")) as ctx,
+        ):
+            run_scheduler_tick(ctx, BEFORE_DUE)
+            run_sensor_tick(ctx, BEFORE_DUE)
+            run_scheduler_tick(ctx, AT_DUE)  # both runs execute (sync launcher) and fail
+            for minute in (1, 2):  # retry 1, then retry 2 (each executes in-process)
+                run_retry_iteration(ctx, DUE + timedelta(minutes=minute))
+            runs_before = len(instance.get_runs())
+            run_retry_iteration(ctx, DUE + timedelta(minutes=3))  # nothing left to retry
+            extra = len(instance.get_runs()) - runs_before
+            before = {e.task_key: e for e in ledger.list_entries()[0]}
+            run_sensor_tick(ctx, DUE + timedelta(minutes=4))
+            lines = (tmp / "attempts.log").read_text().splitlines()
+            yield RetryScenario(
+                instance,
+                ledger,
+                [(a, b, int(c)) for a, b, c in (line.split("\t") for line in lines)],
+                before,
+                extra,
+            )
+        ledger.dispose()
+
+
+def test_a_task_failing_twice_then_succeeding_is_one_entry_with_attempts_1_2_3(retried):
+    runs = task_runs(retried.instance, "flaky_task")
+    assert [r.status for r in runs] == [
+        dg.DagsterRunStatus.FAILURE,
+        dg.DagsterRunStatus.FAILURE,
+        dg.DagsterRunStatus.SUCCESS,
+    ]
+    assert [r.tags.get(t.DAGSTER_RETRY_NUMBER) for r in runs] == [None, "1", "2"]
+    claimed = [(run_id, n) for task, run_id, n in retried.attempts_log if task == "flaky_task"]
+    assert claimed == [(r.run_id, n) for r, n in zip(runs, (1, 2, 3), strict=True)]
+    (entry,) = retried.ledger.list_entries(task_key="flaky_task")[0]
+    assert entry.dedup_key == "due:2026-11-30T22:45:00Z"
+    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 3)
+    assert list(entry.run_ids) == [r.run_id for r in runs]
+
+
+def test_a_task_that_always_fails_is_failed_after_max_attempts_and_not_retried_further(retried):
+    runs = task_runs(retried.instance, "failing_task")
+    assert [r.status for r in runs] == [dg.DagsterRunStatus.FAILURE] * 3
+    assert [r.tags.get(t.DAGSTER_WILL_RETRY) for r in runs] == ["true", "true", "false"]
+    assert retried.extra_runs_after_exhaustion == 0
+    (entry,) = retried.ledger.list_entries(task_key="failing_task")[0]
+    assert (entry.status, entry.attempt, entry.failure_kind) == (
+        t.STATUS_FAILED,
+        3,
+        t.FAILURE_ERROR,
+    )
+    assert "attempt 3 fails on purpose" in (entry.error or "")
+    assert list(entry.run_ids) == [r.run_id for r in runs]
+
+
+def test_the_outcome_sensor_leaves_entries_their_runs_recorded_unchanged(retried):
+    # Regression: reconciling a run that recorded its own failure must not touch the entry
+    # (no second failure report, no rejection noise, terminal states stay as they are).
+    after = {e.task_key: e for e in retried.ledger.list_entries()[0]}
+    assert after == retried.entries_before_outcome_tick
+
+
+# --- dispatch failures: launch error or START_TIMEOUT -> dispatch_failed -> re-dispatch ---------
+
+
+def _entry_of(env: LedgerEnv, task: str = "strict_task"):
+    entries = env.entries(task)
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+@pytest.mark.parametrize("cause", ["launch_error", "start_timeout"])
+def test_a_run_that_never_started_becomes_dispatch_failed_and_is_redispatched_in_its_slot(
+    ledger_env: LedgerEnv, cause: str
+):
+    marker = ledger_env.tmp / "launcher-fails"
+    overrides: dict[str, Any] = {**RETRIES_ON, **MONITORING_ON}
+    if cause == "launch_error":
+        marker.touch()
+        overrides.update(failing_launcher_config(marker))
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
+        ) as instance,
+        daemon_workspace(instance, target("dispatch_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+        if cause == "start_timeout":
+            run_monitoring_iteration(ctx, DUE + timedelta(minutes=3, seconds=10))
+        (first,) = task_runs(instance, "strict_task")
+        assert first.status == dg.DagsterRunStatus.FAILURE
+        marker.unlink(missing_ok=True)  # the launcher works again
+
+        run_sensor_tick(ctx, DUE + timedelta(minutes=4))
+        run_sensor_tick(ctx, DUE + timedelta(minutes=5))
+
+        runs = task_runs(instance, "strict_task")
+        assert len(runs) == 2
+        redispatched = runs[1]
+        assert redispatched.tags[t.DAGSTER_RUN_KEY] == "2026-11-30T22:45:00Z#redispatch-1"
+        assert redispatched.tags[t.TAG_DUE] == "2026-11-30T22:45:00Z"
+        assert redispatched.tags[t.TAG_TRIGGER] == t.TRIGGER_SENSOR
+        assert redispatched.status == dg.DagsterRunStatus.STARTING  # launched
+        entry = _entry_of(ledger_env)
+        assert (entry.status, entry.attempt) == (t.STATUS_QUEUED, 0)
+        (kept,) = entry.summary["dispatch_failures"]
+        assert kept["run_id"] == first.run_id
+        expected = "refuses to launch" if cause == "launch_error" else "to start"
+        assert expected in kept["error"]
+
+        run_sensor_tick(ctx, DUE + timedelta(minutes=6))  # evaluated again: the same request
+        assert len(task_runs(instance, "strict_task")) == 2
+
+
+def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: LedgerEnv):
+    marker = ledger_env.tmp / "launcher-fails"
+    marker.touch()  # every launch fails
+    overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
+        ) as instance,
+        daemon_workspace(instance, target("dispatch_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+        quiet = 0
+        for minute in range(1, 15):  # until two evaluations in a row change nothing
+            runs_before = len(task_runs(instance, "strict_task"))
+            before = ledger_env.entries("strict_task")
+            run_sensor_tick(ctx, DUE + timedelta(minutes=minute), raise_on_error=False)
+            same = before == ledger_env.entries("strict_task")
+            quiet = (
+                quiet + 1 if same and runs_before == len(task_runs(instance, "strict_task")) else 0
+            )
+            if quiet == 2:
+                break
+        keys = [r.tags.get(t.DAGSTER_RUN_KEY) for r in task_runs(instance, "strict_task")]
+        assert keys == [
+            "2026-11-30T22:45:00Z",
+            "2026-11-30T22:45:00Z#redispatch-1",
+            "2026-11-30T22:45:00Z#redispatch-2",
+            "2026-11-30T22:45:00Z#redispatch-3",
+        ]
+        entry = _entry_of(ledger_env)
+        assert (entry.status, entry.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
+        assert len(entry.summary["dispatch_failures"]) == 4  # every error kept (newest 5)
+
+        marker.unlink()  # even a working launcher gets nothing more in the next slot
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1), raise_on_error=False)
+        assert len(task_runs(instance, "strict_task")) == 4
+        assert _entry_of(ledger_env).status == t.STATUS_DISPATCH_FAILED
+
+
+def test_a_dispatch_failure_seen_after_its_slot_is_not_redispatched(ledger_env: LedgerEnv):
+    marker = ledger_env.tmp / "launcher-fails"
+    marker.touch()
+    overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
+        ) as instance,
+        daemon_workspace(instance, target("dispatch_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+        marker.unlink()
+        # The sensor daemon was away for the rest of the slot.
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1))
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=2))
+        assert len(task_runs(instance, "strict_task")) == 1
+        entry = _entry_of(ledger_env)
+        assert entry.status == t.STATUS_DISPATCH_FAILED
+        assert entry.due == DUE
+
+
+# --- a claimed run that Dagster ends: the entry follows, the retry is the next attempt ----------
+
+
+def _claimed(ledger: RunLedger, run_id: str, *, attempts: int = 3):
+    from resources.ledger import dedup_key_for_due
+
+    entry = ledger.ensure_entry(
+        task_key="strict_task",
+        trigger=t.TRIGGER_SCHEDULE,
+        dedup_key=dedup_key_for_due(DUE),
+        max_attempts=attempts,
+        now=AT_DUE,
+    )
+    assert ledger.claim(entry.id, run_id, lease_ttl=timedelta(minutes=2), now=AT_DUE).claimed
+    return entry
+
+
+TAGS = {
+    t.TAG_TASK: "strict_task",
+    t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+    t.TAG_DUE: "2026-11-30T22:45:00Z",
+}
+LATER = DUE + timedelta(minutes=3)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[RunLedger]:
+    resource = RunLedger(database_url=ledger_url)
+    resource.migrate()
+    yield resource
+    resource.dispose()
+
+
+def test_a_dead_owner_that_dagster_retries_leaves_the_entry_retrying_with_its_error(ledger):
+    entry = _claimed(ledger, "run-x")
+    outcome = RunOutcome("run-x", "FAILURE", will_retry=True, message="max runtime", timed_out=True)
+    done = reconcile_run(ledger, TAGS, outcome, {"strict_task": 3}, now=LATER)
+    assert done.action is Action.FAIL_ATTEMPT
+    after = ledger.get(entry.id)
+    assert after is not None
+    assert (after.status, after.failure_kind, after.lease_owner) == (
+        t.STATUS_RETRYING,
+        t.FAILURE_TIMEOUT,
+        None,
+    )
+    assert "run-x" in (after.error or "") and "max runtime" in (after.error or "")
+    again = reconcile_run(ledger, TAGS, outcome, {"strict_task": 3}, now=LATER)
+    assert again.action is Action.NONE and ledger.get(entry.id) == after
+
+
+def test_a_dead_owner_that_dagster_will_not_retry_fails_the_entry_once(ledger):
+    entry = _claimed(ledger, "run-x")
+    outcome = RunOutcome("run-x", "CANCELED", will_retry=False, message="terminated")
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.FAIL_FINAL
+    after = ledger.get(entry.id)
+    assert after is not None
+    assert (after.status, after.failure_kind, after.attempt) == (
+        t.STATUS_FAILED,
+        t.FAILURE_ERROR,
+        1,
+    )
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
+    assert ledger.get(entry.id) == after  # terminal: never overwritten, no rejection noise
+
+
+def test_a_retrying_entry_whose_retry_will_not_come_is_failed_keeping_its_error(ledger):
+    entry = _claimed(ledger, "run-x")
+    ledger.fail(entry.id, "run-x", error="ValueError: bad row", now=LATER)
+    outcome = RunOutcome("run-x", "FAILURE", will_retry=False, message="Steps failed")
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.FAIL_FINAL
+    after = ledger.get(entry.id)
+    assert after is not None
+    assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
+
+
+def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_once(ledger):
+    outcome = RunOutcome("run-x", "FAILURE", will_retry=True, message="START_TIMEOUT")
+    done = reconcile_run(ledger, TAGS, outcome, {"strict_task": 2}, now=LATER)
+    assert done.action is Action.DISPATCH_FAILED and done.entry is not None
+    assert (done.entry.status, done.entry.max_attempts) == (t.STATUS_DISPATCH_FAILED, 2)
+    assert done.entry.due == DUE
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
+    assert len(ledger.get(done.entry.id).summary["dispatch_failures"]) == 1
+
+
+def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
+    ledger_env: LedgerEnv, monkeypatch: pytest.MonkeyPatch
+):
+    # Production order: Dagster's retry daemon relaunches at once, before the outcome sensor
+    # (every 30 s) has seen the failure; the retry run itself records its parent's attempt.
+    release = ledger_env.tmp / "release"
+    monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
+    overrides = {**RETRIES_ON, **MONITORING_ON}
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
+        ) as instance,
+        daemon_workspace(instance, target("monitor_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        run_scheduler_tick(ctx, AT_DUE)
+        (run,) = task_runs(instance, "slow_task")
+        worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
+        try:
+            wait_for(
+                "the worker's claim",
+                lambda: [
+                    e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING
+                ],
+            )
+        finally:
+            worker.kill()  # the worker dies without a word
+            worker.wait(timeout=30)
+        # Run monitoring finds the run past its max runtime (1 s) and fails it.
+        record = instance.get_run_record_by_id(run.run_id)
+        assert record is not None and record.start_time is not None
+        over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
+        run_monitoring_iteration(ctx, over)
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+        assert failed.tags[t.DAGSTER_WILL_RETRY] == "true"
+        assert ledger_env.entries("slow_task")[0].lease_owner == run.run_id  # not seen yet
+
+        release.touch()  # the next attempt completes at once
+        run_retry_iteration(ctx, over + timedelta(seconds=5))
+        retry = task_runs(instance, "slow_task")[1]
+        worker = start_run_worker(instance, retry.run_id, env=ledger_env.worker_env())
+        assert worker.wait(timeout=90) == 0
+        run_sensor_tick(ctx, over + timedelta(minutes=1))  # the outcome sensor: nothing left
+
+    entry = ledger_env.entries("slow_task")[0]
+    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 2)
+    assert list(entry.run_ids) == [run.run_id, retry.run_id]
+    assert entry.failure_kind == t.FAILURE_TIMEOUT  # the first attempt's, kept
+    assert run.run_id in (entry.error or "")
+    assert entry.summary["late_job_rejections"] == []
