@@ -1,0 +1,561 @@
+"""`dueledger runs list|show|retry` and `summary`: exit codes, JSON shapes, validation,
+pagination, roles — through click's CliRunner on real SQLite and PostgreSQL ledgers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+from orchestration import tags as t
+from orchestration.cli import main
+from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
+from orchestration.settings import ENV_DATABASE_URL, ENV_OPERATORS
+from resources.ledger import (
+    Entry,
+    RunLedger,
+    dedup_key_for_due,
+    dedup_key_for_request,
+    dedup_key_for_retry,
+)
+from resources.ledger_schema import entries
+
+TASK, OTHER = "order_cleanup", "service_lifecycle_maintenance"
+DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+SLOT = timedelta(minutes=15)
+TTL = timedelta(minutes=5)
+
+# --- the contract's JSON shapes (DESIGN.md; add fields freely, never rename) -----------------
+ENTRY_KEYS = {
+    "id",
+    "task_key",
+    "trigger",
+    "dedup_key",
+    "due",
+    "status",
+    "attempt",
+    "max_attempts",
+    "parent_id",
+    "run_ids",
+    "lease_expires_at",
+    "failure_kind",
+    "error",
+    "operator",
+    "reason",
+    "manual_retry_by",
+    "manual_retry_at",
+    "created_at",
+    "updated_at",
+    "summary",
+}
+SUMMARY_LISTS = {"late_job_rejections", "dispatch_failures", "hooks"}
+SHOW_KEYS = ENTRY_KEYS | {"children", "audit", "parent", "attempts"}
+RETRY_KEYS = {"entry_id", "run_id", "parent_entry_id", "parent_run_id", "root_run_id", "launch"}
+SUMMARY_KEYS = {
+    "active",
+    "stale",
+    "failed_24h",
+    "success_24h",
+    "manual_retry_24h",
+    "dispatch_failed_24h",
+    "missed_24h",
+}
+AUDIT_KEYS = {"id", "at", "operator", "action", "entry_id", "child_entry_id", "reason"}
+AUDIT_KEYS |= {"checks", "outcome"}
+
+
+@dataclass
+class Cli:
+    runner: CliRunner
+    ledger: RunLedger
+    url: str
+
+    def __call__(self, *args: str) -> Result:
+        return self.runner.invoke(main, list(args), catch_exceptions=False)
+
+    def json(self, *args: str, code: int = 0) -> Any:
+        result = self(*args, "--json")
+        assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+    def error(self, *args: str, code: int) -> str:
+        data = self.json(*args, code=code)
+        assert set(data) == {"error"}
+        return str(data["error"])
+
+
+def _cli(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    monkeypatch.setenv(ENV_DATABASE_URL, url)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.delenv(ENV_OPERATORS, raising=False)
+    ledger = RunLedger(database_url=url)
+    ledger.migrate()
+    yield Cli(CliRunner(), ledger, url)
+    ledger.dispose()
+
+
+@pytest.fixture
+def cli(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    """The CLI over a fresh ledger (SQLite and PostgreSQL) and a fresh DAGSTER_HOME."""
+    yield from _cli(ledger_url, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def sqlite_cli(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    """The same on SQLite only, for tests about Dagster rather than the ledger backend."""
+    yield from _cli(sqlite_url, tmp_path, monkeypatch)
+
+
+def scheduled(ledger: RunLedger, k: int, task: str = TASK, **kw: Any) -> Entry:
+    return ledger.ensure_entry(
+        task_key=task,
+        trigger=t.TRIGGER_SCHEDULE,
+        dedup_key=dedup_key_for_due(DUE + k * SLOT),
+        max_attempts=1,
+        **kw,
+    )
+
+
+def failed(ledger: RunLedger, k: int = 0, run_id: str = "run-gone", **kw: Any) -> Entry:
+    entry = scheduled(ledger, k, **kw)
+    assert ledger.claim(entry.id, run_id, lease_ttl=TTL).claimed
+    ledger.fail(entry.id, run_id, error="boom")
+    found = ledger.get(entry.id)
+    assert found is not None
+    return found
+
+
+def count_rows(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(entries)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+
+def test_list_json_shape(cli: Cli) -> None:
+    failed(cli.ledger)
+    data = cli.json("runs", "list")
+    assert set(data) == {"entries", "next_cursor"}
+    [entry] = data["entries"]
+    assert set(entry) >= ENTRY_KEYS
+    assert set(entry["summary"]) >= SUMMARY_LISTS
+    assert data["next_cursor"] is None
+    assert entry["created_at"].endswith("Z") and entry["due"] == "2026-11-30T22:45:00Z"
+
+
+def test_show_json_shape_with_children_audit_and_dagster_status(sqlite_cli: Cli) -> None:
+    cli = sqlite_cli
+    with dg.DagsterInstance.get() as instance:  # the CLI's instance: $DAGSTER_HOME
+        real_run = dg.materialize([_probe], instance=instance).run_id
+    parent = failed(cli.ledger, run_id=real_run)
+    cli.ledger.ensure_entry(
+        task_key=TASK,
+        trigger=t.TRIGGER_MANUAL_RETRY,
+        dedup_key=dedup_key_for_retry(parent.id),
+        parent_id=parent.id,
+        operator="alice",
+        reason="why",
+    )
+    cli.ledger.write_audit(
+        operator="alice", action="manual_retry", entry_id=parent.id, outcome="allowed: test"
+    )
+
+    data = cli.json("runs", "show", str(parent.id))
+
+    assert set(data) >= SHOW_KEYS
+    [child] = data["children"]
+    assert set(child) >= ENTRY_KEYS and child["parent_id"] == parent.id
+    [audit] = data["audit"]
+    assert set(audit) == AUDIT_KEYS
+    [attempt] = data["attempts"]
+    assert (attempt["run_id"], attempt["dagster_status"], attempt["found"]) == (
+        real_run,
+        "SUCCESS",
+        True,
+    )
+    child_view = cli.json("runs", "show", str(child["id"]))
+    assert child_view["parent"]["id"] == parent.id
+
+
+def test_show_tolerates_runs_dagster_no_longer_has(cli: Cli) -> None:
+    parent = failed(cli.ledger, run_id="run-deleted-long-ago")
+    [attempt] = cli.json("runs", "show", str(parent.id))["attempts"]
+    assert (attempt["found"], attempt["dagster_status"]) == (False, None)
+    text = cli("runs", "show", str(parent.id))
+    assert text.exit_code == 0 and "run-deleted-long-ago run not found" in text.stdout
+
+
+def test_summary_json_shape_and_counts(cli: Cli) -> None:
+    now = datetime.now(UTC)
+    ledger = cli.ledger
+    live = scheduled(ledger, 0)
+    assert ledger.claim(live.id, "run-live", lease_ttl=TTL).claimed  # active
+    stale = scheduled(ledger, 1)
+    assert ledger.claim(stale.id, "run-stale", lease_ttl=TTL, now=now - timedelta(hours=1)).claimed
+    done = scheduled(ledger, 2)
+    assert ledger.claim(done.id, "run-ok", lease_ttl=TTL).claimed
+    assert ledger.succeed(done.id, "run-ok")
+    old = scheduled(ledger, 3)
+    assert ledger.claim(old.id, "run-old", lease_ttl=TTL, now=now - timedelta(days=2)).claimed
+    assert ledger.succeed(old.id, "run-old", now=now - timedelta(days=2))  # outside 24 h
+    parent = failed(ledger, 4)
+    ledger.ensure_entry(
+        task_key=TASK,
+        trigger=t.TRIGGER_MANUAL_RETRY,
+        dedup_key=dedup_key_for_retry(parent.id),
+        parent_id=parent.id,
+    )
+    launch = scheduled(ledger, 5)
+    ledger.record_dispatch_failure(launch.id, error="launcher down")
+
+    data = cli.json("summary")
+
+    assert set(data) >= SUMMARY_KEYS
+    assert {k: data[k] for k in SUMMARY_KEYS - {"missed_24h"}} == {
+        "active": 1,
+        "stale": 1,
+        "failed_24h": 1,
+        "success_24h": 1,
+        "manual_retry_24h": 1,
+        "dispatch_failed_24h": 1,
+    }
+    assert data["queued"] == 1  # the retry child
+    # missed_24h is the gap audit's (sensors/health.py), the same numbers as ledger_health.
+    assert isinstance(data["missed_24h"], int)
+    assert data["missed_24h"] == sum(row["missed_24h"] for row in data["tasks"])
+    human = cli("summary")
+    assert human.exit_code == 0 and "active=1" in human.stdout
+
+
+def test_retry_json_shape_and_a_real_dagster_re_execution(sqlite_cli: Cli) -> None:
+    """`runs retry` through the real `dagster-graphql` CLI: Dagster's lineage + our tags."""
+    cli = sqlite_cli
+    from dagster_graphql.cli import execute_query
+    from dagster_internals import CodeTarget, daemon_workspace
+
+    with dg.DagsterInstance.get() as instance:
+        target = CodeTarget.from_module("orchestration.definitions")
+        with daemon_workspace(instance, target) as ctx:
+            result = execute_query(
+                ctx,
+                "mutation L($p: ExecutionParams!) { launchRun(executionParams: $p) {"
+                " __typename ... on LaunchRunSuccess { run { runId } } } }",
+                {
+                    "p": {
+                        "selector": {
+                            "repositoryLocationName": "dueledger",
+                            "repositoryName": "__repository__",
+                            "jobName": f"{TASK}_job",
+                        },
+                        "executionMetadata": {
+                            "tags": [
+                                {"key": t.TAG_TASK, "value": TASK},
+                                {"key": t.TAG_TRIGGER, "value": t.TRIGGER_SCHEDULE},
+                                {"key": t.TAG_DUE, "value": "2026-11-30T22:45:00Z"},
+                            ]
+                        },
+                    }
+                },
+            )
+        first = result["data"]["launchRun"]["run"]["runId"]  # queued: no daemon runs it
+    parent = failed(cli.ledger, run_id=first)
+
+    data = cli.json(
+        "runs", "retry", str(parent.id), "--operator", "alice", "--reason", "upstream fixed"
+    )
+
+    assert set(data) >= RETRY_KEYS
+    assert (data["parent_entry_id"], data["launch"]) == (parent.id, "reexecution")
+    assert (data["parent_run_id"], data["root_run_id"]) == (first, first)
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(data["run_id"])
+    assert run is not None and run.status == dg.DagsterRunStatus.QUEUED  # not waited for
+    assert (run.parent_run_id, run.root_run_id) == (first, first)
+    assert run.tags[t.DAGSTER_PARENT_RUN_ID] == first
+    assert run.tags[t.TAG_TRIGGER] == t.TRIGGER_MANUAL_RETRY
+    assert run.tags[t.TAG_PARENT_ENTRY] == str(parent.id)
+    assert (run.tags[t.TAG_OPERATOR], run.tags[t.TAG_REASON]) == ("alice", "upstream fixed")
+    assert run.tags[t.TAG_TASK] == TASK
+    child = cli.ledger.get(data["entry_id"])
+    assert child is not None and child.parent_id == parent.id
+
+
+@dg.asset
+def _probe() -> int:
+    return 1
+
+
+# --- exit codes and validation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--status", "failed,bogus"], "valid statuses: queued, running, retrying, success"),
+        (["--status", ""], "valid statuses"),
+        (["--status", "failed,"], "valid statuses"),
+        (["--trigger", "cron"], "valid triggers: schedule, sensor, manual"),
+        (["--task", "Order-Cleanup"], "is not a task key"),
+        (["--since", "yesterday"], "is not an ISO-8601 time"),
+        (["--until", "2026-13-01"], "is not an ISO-8601 time"),
+        (["--since", "2026-12-01", "--until", "2026-11-01"], "must be before --until"),
+        (["--limit", "0"], "from 1 to 500"),
+        (["--limit", "501"], "from 1 to 500"),
+        (["--limit", "ten"], "from 1 to 500"),
+        (["--cursor", "!!"], "is not a cursor returned by a previous page"),
+        (["--cursor", "bm90LWEtY3Vyc29y"], "is not a cursor returned by a previous page"),
+    ],
+)
+def test_list_rejects_invalid_filters_with_exit_2(cli: Cli, args: list[str], message: str) -> None:
+    assert message in cli.error("runs", "list", *args, code=2)
+    human = cli("runs", "list", *args)
+    assert human.exit_code == 2 and message in human.stderr
+
+
+# Values shaped like SQL injection: validation rejects them, and the table is untouched.
+INJECTIONS = [
+    ["--task", "x' OR '1'='1"],
+    ["--task", "order_cleanup; DROP TABLE dueledger_entries; --"],
+    ["--status", "failed' OR 1=1 --"],
+    ["--status", "failed,success) OR (1=1"],
+    ["--trigger", "schedule'; DELETE FROM dueledger_entries; --"],
+    ["--cursor", "' UNION SELECT * FROM dueledger_audit --"],
+    ["--since", "2026-01-01' OR '1'='1"],
+]
+
+
+@pytest.mark.parametrize("args", INJECTIONS, ids=[a[0] + ":" + a[1][:12] for a in INJECTIONS])
+def test_injection_shaped_filters_are_rejected_by_validation(cli: Cli, args: list[str]) -> None:
+    failed(cli.ledger)
+    before = count_rows(cli.url)
+    cli.error("runs", "list", *args, code=2)
+    assert count_rows(cli.url) == before
+    assert len(cli.json("runs", "list")["entries"]) == before
+
+
+def test_injection_shaped_values_reaching_the_ledger_are_plain_data(cli: Cli) -> None:
+    failed(cli.ledger)
+    page, cursor = cli.ledger.list_entries(task_key="x' OR '1'='1")
+    assert (page, cursor) == ([], None)
+    with pytest.raises(ValueError, match="unknown status"):
+        cli.ledger.list_entries(statuses=["failed' OR 1=1 --"])
+    assert count_rows(cli.url) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["runs", "show", "abc"], 2, "must be a positive whole number"),
+        (["runs", "show", "0"], 2, "must be a positive whole number"),
+        (["runs", "show", "1 OR 1=1"], 2, "must be a positive whole number"),
+        (["runs", "show", "999999"], 2, "ledger entry 999999 does not exist"),
+        (["runs", "retry", "x", "--operator", "a", "--reason", "r"], 2, "positive whole number"),
+        (["runs", "retry", "999999", "--operator", "a", "--reason", "r"], 2, "does not exist"),
+        (["runs", "retry", "1", "--operator", " ", "--reason", "r"], 2, "--operator must name"),
+        (["runs", "retry", "1", "--operator", "a", "--reason", "  "], 2, "--reason must say"),
+    ],
+)
+def test_show_and_retry_input_errors_exit_2(
+    cli: Cli, args: list[str], code: int, message: str
+) -> None:
+    assert message in cli.error(*args, code=code)
+
+
+def test_a_refused_retry_exits_3_names_the_rule_and_changes_nothing(cli: Cli) -> None:
+    entry = scheduled(cli.ledger, 0)  # queued: not failed
+    message = cli.error(
+        "runs", "retry", str(entry.id), "--operator", "alice", "--reason", "why", code=3
+    )
+    assert "refused by rule parent_is_failed" in message and "Nothing was changed" in message
+    assert cli.ledger.get(entry.id) == entry
+    assert cli.ledger.children(entry.id) == []
+    [audit] = cli.ledger.audit_for(entry.id)
+    assert audit["outcome"].startswith("refused: parent_is_failed")
+    human = cli("runs", "retry", str(entry.id), "--operator", "alice", "--reason", "why")
+    assert human.exit_code == 3 and "refused by rule parent_is_failed" in human.stderr
+
+
+# --- pagination --------------------------------------------------------------------------------
+
+
+def _all_pages(cli: Cli, *args: str, limit: int = 7) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    cursor: list[str] = []
+    while True:
+        page = cli.json("runs", "list", "--limit", str(limit), *args, *cursor)
+        seen += page["entries"]
+        assert len(page["entries"]) <= limit
+        if page["next_cursor"] is None:
+            return seen
+        cursor = ["--cursor", page["next_cursor"]]
+
+
+def test_pages_are_newest_first_disjoint_and_complete_for_each_filter(cli: Cli) -> None:
+    ledger = cli.ledger
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    made: list[Entry] = []
+    for k in range(30):
+        task = TASK if k % 3 else OTHER
+        entry = scheduled(ledger, k, task=task, now=base + timedelta(minutes=k))
+        if k % 4 == 0:
+            assert ledger.claim(entry.id, f"r{k}", lease_ttl=TTL).claimed
+            ledger.fail(entry.id, f"r{k}", error="x")
+        made.append(entry)
+    manual = ledger.ensure_entry(
+        task_key=TASK,
+        trigger=t.TRIGGER_MANUAL,
+        dedup_key=dedup_key_for_request("req"),
+        now=base + timedelta(minutes=5),  # same instant as entry 5: the id breaks the tie
+    )
+    made.append(manual)
+
+    everything = _all_pages(cli)
+    ids = [e["id"] for e in everything]
+    assert sorted(ids) == sorted(e.id for e in made) and len(set(ids)) == len(ids)
+    keys = [(e["created_at"], e["id"]) for e in everything]
+    assert keys == sorted(keys, reverse=True)
+
+    def expect(pred: Any) -> list[int]:
+        return [e["id"] for e in everything if pred(e)]
+
+    since, until = "2026-11-01T00:10:00Z", "2026-11-01T00:20:00+00:00"
+    cases: list[tuple[list[str], Any]] = [
+        (["--task", OTHER], lambda e: e["task_key"] == OTHER),
+        (["--status", "failed"], lambda e: e["status"] == "failed"),
+        (["--status", "failed,queued"], lambda e: e["status"] in ("failed", "queued")),
+        (["--trigger", "manual"], lambda e: e["trigger"] == "manual"),
+        (
+            ["--since", since, "--until", until],
+            lambda e: "2026-11-01T00:10" <= e["created_at"] < "2026-11-01T00:20",
+        ),
+        (
+            ["--task", TASK, "--status", "queued", "--since", since],
+            lambda e: (
+                e["task_key"] == TASK
+                and e["status"] == "queued"
+                and e["created_at"] >= "2026-11-01T00:10"
+            ),
+        ),
+    ]
+    for args, pred in cases:
+        assert [e["id"] for e in _all_pages(cli, *args, limit=3)] == expect(pred), args
+
+
+def _inserter(url: str, stop: threading.Event, made: list[int], errors: list[str]) -> None:
+    ledger = RunLedger(database_url=url)
+    k = 0
+    try:
+        while not stop.is_set():
+            k += 1
+            # New entries (now) and backdated ones into the region being paged through.
+            when = None if k % 2 else datetime(2026, 11, 1, tzinfo=UTC) + timedelta(seconds=k)
+            entry = ledger.ensure_entry(
+                task_key=TASK,
+                trigger=t.TRIGGER_MANUAL,
+                dedup_key=dedup_key_for_request(f"concurrent-{k}"),
+                now=when,
+            )
+            made.append(entry.id)
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        ledger.dispose()
+
+
+def test_pagination_stays_consistent_while_entries_are_inserted(cli: Cli) -> None:
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    existing = [scheduled(cli.ledger, k, now=base + timedelta(seconds=k * 7)).id for k in range(60)]
+    stop, made, errors = threading.Event(), [], []  # type: ignore[var-annotated]
+    thread = threading.Thread(target=_inserter, args=(cli.url, stop, made, errors))
+    thread.start()
+    try:
+        seen = _all_pages(cli, limit=5)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert made, "the inserter ran while pages were read"
+    ids = [e["id"] for e in seen]
+    assert len(ids) == len(set(ids)), "an entry appeared on two pages"
+    assert set(existing) <= set(ids), "an entry that existed before paging was skipped"
+    keys = [(e["created_at"], e["id"]) for e in seen]
+    assert keys == sorted(keys, reverse=True)
+
+
+# --- roles -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def team(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    path = tmp_path / "operators.toml"
+    path.write_text('[operators]\nalice = ["admin"]\nbob = ["retrier"]\ncarol = ["viewer"]\n')
+    monkeypatch.setenv(ENV_OPERATORS, str(path))
+    return cli
+
+
+def test_a_viewer_may_look_but_not_retry(team: Cli) -> None:
+    parent = failed(team.ledger)
+    assert team.json("runs", "list", "--operator", "carol")["entries"]
+    assert team.json("runs", "show", str(parent.id), "--operator", "carol")["id"] == parent.id
+    assert "active" in team.json("summary", "--operator", "carol")
+    message = team.error(
+        "runs", "retry", str(parent.id), "--operator", "carol", "--reason", "r", code=3
+    )
+    assert f"refused by rule {CHECK_ROLE_RETRIER}" in message
+    assert team.ledger.children(parent.id) == []
+    assert team.ledger.audit_for(parent.id)[-1]["operator"] == "carol"
+
+
+def test_an_unknown_operator_is_refused_and_audited(team: Cli) -> None:
+    parent = failed(team.ledger)
+    message = team.error("runs", "show", str(parent.id), "--operator", "mallory", code=3)
+    assert "'mallory' is not on the allow-list" in message
+    [audit] = team.ledger.audit_for(parent.id)
+    assert (audit["operator"], audit["action"]) == ("mallory", "runs_show")
+    assert audit["outcome"].startswith("refused: operator_has_role_viewer")
+    team.error("runs", "list", "--operator", "mallory", code=3)
+    team.error("summary", "--operator", "mallory", code=3)
+
+
+def test_acknowledging_side_effects_needs_an_admin(team: Cli) -> None:
+    ledger = team.ledger
+    entry = scheduled(ledger, 0)
+    assert ledger.claim(entry.id, "run-x", lease_ttl=TTL, now=DUE).claimed
+    [reclaimed] = ledger.reclaim_expired(now=DUE + timedelta(hours=1))
+    args = ["runs", "retry", str(reclaimed.id), "--reason", "checked the mails"]
+
+    assert f"rule {CHECK_ACKNOWLEDGED}" in team.error(*args, "--operator", "alice", code=3)
+    assert f"rule {CHECK_ROLE_ADMIN}" in team.error(
+        *args, "--operator", "bob", "--acknowledge-side-effects", code=3
+    )
+    assert ledger.children(reclaimed.id) == []
+
+
+def test_launch_needs_the_retrier_role(team: Cli) -> None:
+    message = team.error("launch", TASK, "--operator", "carol", "--reason", "r", code=3)
+    assert f"refused by rule {CHECK_ROLE_RETRIER}" in message
+    assert count_rows(team.url) == 0  # nothing launched, no entry
+
+
+def test_without_an_operators_file_everyone_is_the_local_operator(cli: Cli) -> None:
+    assert cli.json("runs", "list", "--operator", "whoever") == {
+        "entries": [],
+        "next_cursor": None,
+    }
