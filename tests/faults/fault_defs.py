@@ -1,0 +1,26 @@
+"""Code location for the daemon-level fault tests: the real ``order_cleanup`` task only.
+
+Same asset, job, schedule and resources as ``orchestration.definitions`` (ledger and source
+store from ``DUELEDGER_DATABASE_URL`` / ``DUELEDGER_SOURCE_URL``), without the other tasks,
+so a sync-launched daemon iteration executes one run, and with the in-process executor so
+that run does not spawn a step process (both only to keep the suite fast).
+"""
+
+import dagster as dg
+
+from assets.automation import order_cleanup
+from orchestration.catalog import build_resources, task_views
+from orchestration.factory import build_task_definitions
+
+TASK = "order_cleanup"
+SCHEDULE = "order_cleanup_schedule"
+
+_jobs, _schedules = build_task_definitions([v for v in task_views() if v.spec.key == TASK])
+
+defs = dg.Definitions(
+    assets=[order_cleanup],
+    jobs=_jobs,
+    schedules=_schedules,
+    resources=build_resources(),
+    executor=dg.in_process_executor,
+)
