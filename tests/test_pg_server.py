@@ -361,14 +361,13 @@ def test_dagster_home_is_isolated(dagster_home: Path) -> None:
 def test_local_dagster_yaml_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """dagster.yaml.local (what scripts/dev.sh installs) is valid for the installed Dagster."""
     import dagster as dg
-    from dagster._core.run_coordinator import QueuedRunCoordinator
 
     repo = Path(__file__).resolve().parent.parent
     shutil.copy(repo / "dagster.yaml.local", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with dg.DagsterInstance.get() as instance:
         coordinator = instance.run_coordinator
-        assert isinstance(coordinator, QueuedRunCoordinator)
+        assert isinstance(coordinator, dg.QueuedRunCoordinator)
         queue = coordinator.get_run_queue_config()
         assert queue.max_concurrent_runs == 4
         assert [
