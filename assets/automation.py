@@ -21,19 +21,12 @@ from assets.services import (
     candidate_services_query,
     plan_lifecycle,
 )
-from orchestration.registry import TaskSpec, find_task
+from orchestration.registry import require_task
 from orchestration.runtime import task_run
 from orchestration.slots import format_due
 from orchestration.tasks import TASKS
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore
-
-
-def _spec(key: str) -> TaskSpec:
-    spec = find_task(TASKS, key)
-    if spec is None:  # a programming error: the asset exists but its task was removed
-        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
-    return spec
 
 
 class OrderCleanupConfig(dg.Config):
@@ -62,7 +55,7 @@ def order_cleanup(
     ledger: RunLedger,
     source: SourceStore,
 ):
-    spec = _spec("order_cleanup")
+    spec = require_task(TASKS, "order_cleanup")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return
@@ -101,7 +94,7 @@ def service_lifecycle_maintenance(
     ledger: RunLedger,
     source: SourceStore,
 ):
-    spec = _spec("service_lifecycle_maintenance")
+    spec = require_task(TASKS, "service_lifecycle_maintenance")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return

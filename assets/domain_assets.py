@@ -35,7 +35,7 @@ from assets.renewals import (
 )
 from assets.tickets import candidate_tickets_query, close_tickets, select_tickets_to_close
 from orchestration.factory import DAILY_PARTITIONS
-from orchestration.registry import TaskSpec, find_task
+from orchestration.registry import require_task
 from orchestration.runtime import TaskRun, task_run
 from orchestration.slots import format_due
 from orchestration.tasks import TASKS
@@ -54,13 +54,6 @@ from resources.source_store import SourceStore
 GROUP = "hosting_billing"
 #: Rows shown in the "first rows" tables of the UI.
 PREVIEW_ROWS = 10
-
-
-def _spec(key: str) -> TaskSpec:
-    spec = find_task(TASKS, key)
-    if spec is None:  # a programming error: the asset exists but its task was removed
-        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
-    return spec
 
 
 def _cell(value: Any) -> str | int | float | bool:
@@ -114,7 +107,7 @@ def billing_maintenance(
     notifier: Notifier,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = _spec("billing_maintenance")
+    spec = require_task(TASKS, "billing_maintenance")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return
@@ -188,7 +181,7 @@ def service_auto_renew(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = _spec("service_auto_renew")
+    spec = require_task(TASKS, "service_auto_renew")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return
@@ -244,7 +237,7 @@ def reconcile_account_balance(
     ledger: RunLedger,
     source: SourceStore,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = _spec("reconcile_account_balance")
+    spec = require_task(TASKS, "reconcile_account_balance")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return
@@ -280,7 +273,7 @@ def ticket_auto_close(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = _spec("ticket_auto_close")
+    spec = require_task(TASKS, "ticket_auto_close")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return
@@ -324,7 +317,7 @@ def log_archive(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = _spec("log_archive")
+    spec = require_task(TASKS, "log_archive")
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return

@@ -9,20 +9,13 @@ report, so the Dagster UI shows the ledger's health next to the assets.
 import dagster as dg
 
 from orchestration.catalog import task_views
-from orchestration.registry import TaskSpec, find_task
+from orchestration.registry import require_task
 from orchestration.runtime import task_run
 from orchestration.tasks import TASKS
 from resources.ledger import RunLedger
 from sensors.health import ledger_summary, summary_metadata
 
 TASK_KEY = "ledger_health"
-
-
-def _spec() -> TaskSpec:
-    spec = find_task(TASKS, TASK_KEY)
-    if spec is None:  # a programming error: the asset exists but its task was removed
-        raise KeyError(f"no task {TASK_KEY!r} in orchestration/tasks.py")
-    return spec
 
 
 @dg.asset(
@@ -36,7 +29,7 @@ def _spec() -> TaskSpec:
     kinds={"sql"},
 )
 def ledger_health(context: dg.AssetExecutionContext, ledger: RunLedger):
-    spec = _spec()
+    spec = require_task(TASKS, TASK_KEY)
     with task_run(context, ledger, spec) as run:
         if not run.claimed:
             return

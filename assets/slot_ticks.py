@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from orchestration import hooks
-from orchestration.registry import TaskSpec, find_task
+from orchestration.registry import require_task
 from orchestration.runtime import fire_task_event, task_run
 from orchestration.slots import format_due
 from orchestration.tasks import TASKS
@@ -28,13 +28,6 @@ SLOT_TICKS: dict[str, str] = {
 }
 
 
-def _spec(key: str) -> TaskSpec:
-    spec = find_task(TASKS, key)
-    if spec is None:  # a programming error: the asset exists but its task was removed
-        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
-    return spec
-
-
 def build_slot_tick_asset(task_key: str, event: str) -> dg.AssetsDefinition:
     """The asset of one tick task: claim the slot's entry, fire ``event`` once."""
 
@@ -48,7 +41,7 @@ def build_slot_tick_asset(task_key: str, event: str) -> dg.AssetsDefinition:
     def _tick(
         context: dg.AssetExecutionContext, ledger: RunLedger
     ) -> Iterator[dg.MaterializeResult]:
-        spec = _spec(task_key)
+        spec = require_task(TASKS, task_key)
         with task_run(context, ledger, spec) as run:
             if not run.claimed:
                 return

@@ -369,3 +369,14 @@ def task_run_tags(spec: TaskSpec) -> dict[str, str]:
 def find_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec | None:
     """The spec registered under ``key``, or None."""
     return next((s for s in specs if s.key == key), None)
+
+
+def require_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec:
+    """The spec registered under ``key``; a KeyError naming the registry when it is gone.
+
+    Used by task assets: an asset whose task was removed is a programming error.
+    """
+    spec = find_task(specs, key)
+    if spec is None:
+        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
+    return spec
