@@ -16,6 +16,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from contract import ENTRY_KEYS, SUMMARY_LISTS
 
 from orchestration import tags as t
 from orchestration.cli import main
@@ -36,29 +37,6 @@ SLOT = timedelta(minutes=15)
 TTL = timedelta(minutes=5)
 
 # --- the contract's JSON shapes (DESIGN.md; add fields freely, never rename) -----------------
-ENTRY_KEYS = {
-    "id",
-    "task_key",
-    "trigger",
-    "dedup_key",
-    "due",
-    "status",
-    "attempt",
-    "max_attempts",
-    "parent_id",
-    "run_ids",
-    "lease_expires_at",
-    "failure_kind",
-    "error",
-    "operator",
-    "reason",
-    "manual_retry_by",
-    "manual_retry_at",
-    "created_at",
-    "updated_at",
-    "summary",
-}
-SUMMARY_LISTS = {"late_job_rejections", "dispatch_failures", "hooks"}
 SHOW_KEYS = ENTRY_KEYS | {"children", "audit", "parent", "attempts"}
 RETRY_KEYS = {"entry_id", "run_id", "parent_entry_id", "parent_run_id", "root_run_id", "launch"}
 SUMMARY_KEYS = {
