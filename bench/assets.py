@@ -1,6 +1,6 @@
 """Benchmark: each billing/account rule's pandas computation vs. the same question in SQL.
 
-    uv run python bench/assets.py [--rows N] [--repeat R] [--no-postgres] [--url URL]
+    uv run python bench/assets.py [--rows N] [--repeat R] [--no-postgres] [--url URL] [--json PATH]
 
 What it does, in one run, on one data set:
 
@@ -22,6 +22,7 @@ What it does, in one run, on one data set:
 Prints a table: pandas seconds, peak RSS, SQL seconds per backend and the ratio
 pandas/SQL (below 1: pandas is faster). Absolute times depend on the machine; the
 ratios compare two ways of answering the same question on the same machine and data.
+``--json PATH`` also writes the results as ``bench/run.py`` rows.
 """
 
 from __future__ import annotations
@@ -351,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timings per measurement (best)")
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--url", help="an existing empty PostgreSQL database to use")
+    parser.add_argument("--json", help="write the result rows here (for bench/run.py)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -437,7 +439,58 @@ def main(argv: list[str] | None = None) -> int:
         "peak MB: the rule's own process, inputs included (inputs alone in brackets)."
     )
     print(f"total bench time {time.perf_counter() - started:.0f} s (pid {os.getpid()})")
+    if args.json:
+        write_rows(args.json, args.rows, pandas_results, sql_results)
     return 0
+
+
+def write_rows(
+    path: str,
+    services: int,
+    pandas_results: dict[str, dict[str, Any]],
+    sql_results: dict[str, dict[str, tuple[float, int]]],
+) -> None:
+    """Each rule per backend (pandas vs SQL) and one row-count check, as ``bench/run.py``
+    rows (``--json``)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))  # last: bench/assets.py shadows `assets`
+    from run import Row, write_json  # bench/run.py owns the row format
+
+    rows = []
+    mismatches = []
+    for rule, measured in pandas_results.items():
+        for backend, results in sql_results.items():
+            seconds, count = results[rule]
+            if count != measured["rows"]:
+                mismatches.append(f"{rule}/{backend}")
+            rows.append(
+                Row(
+                    area="business assets",
+                    measurement=f"{rule}: pandas rule (peak {measured['peak_mb']:.0f} MB)",
+                    backend=backend,
+                    size=f"{services:,} services, {measured['rows']:,} result rows",
+                    value=measured["seconds"],
+                    unit="s",
+                    baseline=seconds,
+                    baseline_label="the same question in SQL",
+                    ratio=measured["seconds"] / seconds,
+                )
+            )
+    rows.append(
+        Row(
+            area="business assets",
+            measurement="pandas and SQL return the same row counts"
+            + (f" (differ: {', '.join(mismatches)})" if mismatches else ""),
+            backend=",".join(sql_results),
+            size=f"{services:,} services, {len(pandas_results)} rules",
+            value=float(len(mismatches)),
+            unit="mismatches",
+            target="0",
+            met=not mismatches,
+            kind="check",
+        )
+    )
+    write_json(path, "assets", rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Benchmark: RunLedger claim -> heartbeat -> succeed cycles/s against raw psycopg2 UPDATEs.
 
     uv run python bench/ledger_claims.py [--seconds N] [--workers 1,4,8] [--rounds R] [--url URL]
+                                         [--json PATH]
 
 What it does, in one run and on one server:
 
@@ -25,7 +26,8 @@ What it does, in one run and on one server:
    attempt at most 1, at most one run id); anything else is counted as a double claim.
 
 Prints a table with both rates, the ratio ledger/baseline (median over rounds) and the
-client CPU time per cycle of each side. The CPU column explains the ratio on a small host:
+client CPU time per cycle of each side. ``--json PATH`` also writes the result rows for
+``bench/run.py``. The CPU column explains the ratio on a small host:
 when the workers and the server share few cores, throughput follows CPU per cycle, and
 the ledger's extra work (validation, pooling, building the returned Entry) shows; with
 spare cores or a remote server, round trips dominate and the two converge.
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,4,8", help="comma-separated worker counts")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side per count")
     parser.add_argument("--url", help="existing PostgreSQL database (default: a throwaway one)")
+    parser.add_argument("--json", help="write the result rows here (for bench/run.py)")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",")]
 
@@ -354,7 +357,47 @@ def main(argv: list[str] | None = None) -> int:
         f"claimed, {race_result['refused_recorded']} refused claims recorded, "
         f"double claims: {race_result['double_claims']}"
     )
+    if args.json:
+        write_rows(args.json, rows, race_result, pairs * 2)
     return 1 if race_result["double_claims"] else 0
+
+
+def write_rows(
+    path: str, rows: list[tuple[Any, ...]], race_result: dict[str, int], racers: int
+) -> None:
+    """The results as ``bench/run.py`` rows (``--json``)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))  # last: bench/assets.py shadows `assets`
+    from run import Row, write_json  # bench/run.py owns the row format
+
+    out = [
+        Row(
+            area="ledger claims",
+            measurement="RunLedger claim -> heartbeat -> succeed",
+            backend="postgres",
+            size=f"{workers} worker{'s' if workers != 1 else ''}",
+            value=led,
+            unit="cycles/s",
+            baseline=base,
+            baseline_label="the same 3 UPDATEs as raw psycopg2",
+            ratio=ratio,
+        )
+        for workers, base, led, ratio, *_ in rows
+    ]
+    out.append(
+        Row(
+            area="ledger claims",
+            measurement=f"double claims, {racers} workers racing 2 per entry",
+            backend="postgres",
+            size=f"{race_result['entries_claimed']:,} entries claimed",
+            value=float(race_result["double_claims"]),
+            unit="double claims",
+            target="0",
+            met=race_result["double_claims"] == 0,
+            kind="check",
+        )
+    )
+    write_json(path, "claims", out)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     uv run python bench/ledger_queries.py [--entries N] [--pages P] [--repeat R]
                                           [--backend sqlite,postgres] [--url URL] [--no-explain]
+                                          [--json PATH]
 
 What it does, in one run, per backend (SQLite file, throwaway PostgreSQL):
 
@@ -25,6 +26,8 @@ What it does, in one run, per backend (SQLite file, throwaway PostgreSQL):
    with index scans only.
 
 Exit status 1 when a query misses the target (so it can gate a change), else 0.
+``--json PATH`` also writes, per backend, the worst and the median p95 against the baseline
+as ``bench/run.py`` rows.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -326,7 +330,13 @@ def plan_problems(lines: list[str], dialect: str) -> list[str]:
 
 
 def bench_backend(
-    label: str, url: str, n: int, pages: int, repeat: int, show_plans: bool
+    label: str,
+    url: str,
+    n: int,
+    pages: int,
+    repeat: int,
+    show_plans: bool,
+    baseline_p95: list[float] | None = None,
 ) -> list[tuple[str, float, float, float, list[str]]]:
     dialect = sa.make_url(url).get_backend_name()
     print(f"\n== {label}: building {n:,} entries")
@@ -343,6 +353,8 @@ def bench_backend(
     summary_ms, summary_sql = time_summary(ledger, n, repeat * 3)
     ledger.dispose()
     b50, b95 = pct(base, 50), pct(base, 95)
+    if baseline_p95 is not None:
+        baseline_p95.append(b95)
     print(f"   baseline (SELECT 50 rows by id range): p50 {b50:.2f} ms  p95 {b95:.2f} ms")
     summary_problems = sorted(
         {
@@ -382,6 +394,50 @@ def bench_backend(
     return results
 
 
+def result_rows(
+    label: str,
+    n: int,
+    pages: int,
+    results: list[tuple[str, float, float, float, list[str]]],
+    b95: float,
+) -> list[Any]:
+    """Per backend: the worst and the median p95 of all queries, as ``bench/run.py`` rows."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))  # last: bench/assets.py shadows `assets`
+    from run import Row  # bench/run.py owns the row format
+
+    worst = max(results, key=lambda r: r[2])
+    missed = [f"{name}: {', '.join(problems)}" for name, *_, problems in results if problems]
+    common: dict[str, Any] = {
+        "area": "ledger queries",
+        "backend": "sqlite" if label == "SQLite" else "postgres",
+        "size": f"{n:,} entries, {pages} pages",
+        "unit": "ms",
+        "baseline": b95,
+        "baseline_label": "p95, SELECT 50 rows by id range",
+    }
+    median_p95 = statistics.median(r[2] for r in results)
+    return [
+        Row(
+            measurement=(
+                f"`runs list` page of {PAGE}, worst p95 of {len(results)} filter combinations "
+                f"({worst[0]})" + (f"; MISSED by {'; '.join(missed)}" if missed else "")
+            ),
+            value=worst[2],
+            ratio=worst[2] / b95 if b95 else None,
+            target=f"p95 <= {TARGET_P95_MS:g} ms, index scans",
+            met=not missed,
+            **common,
+        ),
+        Row(
+            measurement=f"`runs list` page of {PAGE}, median p95 of the same",
+            value=median_p95,
+            ratio=median_p95 / b95 if b95 else None,
+            **common,
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--entries", type=int, default=1_000_000, help="ledger size to build")
@@ -390,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="sqlite,postgres", help="sqlite, postgres or both")
     parser.add_argument("--url", help="existing, EMPTY PostgreSQL database (default: throwaway)")
     parser.add_argument("--no-explain", action="store_true", help="do not print the plans")
+    parser.add_argument("--json", help="write the result rows here (for bench/run.py)")
     args = parser.parse_args(argv)
     if args.entries < PAGE:
         parser.error(f"--entries must be at least {PAGE}")
@@ -399,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown backend(s) {sorted(unknown)}; use sqlite and/or postgres")
 
     missed = 0
+    json_rows: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="dueledger-bench-") as tmp:
         runs: list[tuple[str, Callable[[], str]]] = []
         if "sqlite" in backends:
@@ -417,10 +475,18 @@ def main(argv: list[str] | None = None) -> int:
                     pg = server
                     runs.append(("PostgreSQL", lambda: pg.create_database("dueledger_bench")))
             for label, make_url in runs:
+                b95: list[float] = []
                 results = bench_backend(
-                    label, make_url(), args.entries, args.pages, args.repeat, not args.no_explain
+                    label,
+                    make_url(),
+                    args.entries,
+                    args.pages,
+                    args.repeat,
+                    not args.no_explain,
+                    b95,
                 )
                 missed += sum(1 for *_, problems in results if problems)
+                json_rows += result_rows(label, args.entries, args.pages, results, b95[0])
         finally:
             if server is not None:
                 server.stop(remove=True)
@@ -429,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
                 watchdog.wait()
     target = f"p95 <= {TARGET_P95_MS:g} ms, index scans"
     print(f"\n{missed} query/backend pair(s) missed the target ({target})")
+    if args.json:
+        from run import write_json  # bench/run.py owns the row format
+
+        write_json(args.json, "queries", json_rows)
     return 1 if missed else 0
 
 
