@@ -284,19 +284,23 @@ def reconcile_events(
     was done. A FAILURE still waiting for its ``dagster/will_retry`` tag stops its batch
     there (for at most WILL_RETRY_GRACE), so the next evaluation sees it again."""
     positions = _load_cursor(cursor)
-    jobs = [v.spec.job_name for v in views]
+    jobs = {v.spec.job_name for v in views}
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
     done: list[Reconciled] = []
     for status, event_type in _OUTCOME_EVENTS.items():
         after = positions.get(status)
+        # No job_names in the filter: dagster-postgres refuses it ("fetch_run_status_changes
+        # with selectors ... not supported") and SQLite silently ignores it. Filter here.
         records_filter = dg.RunStatusChangeRecordsFilter(
             event_type=event_type,
             after_storage_id=after,
             after_timestamp=None if after is not None else (now - FIRST_LOOKBACK).timestamp(),
-            job_names=jobs,
         )
         result = instance.fetch_run_status_changes(records_filter, limit=BATCH, ascending=True)
         for record in result.records:
+            if record.event_log_entry.job_name not in jobs:
+                positions[status] = record.storage_id
+                continue
             found = run_outcome(instance, record, status)
             if found is not None:
                 outcome, tags = found

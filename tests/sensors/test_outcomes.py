@@ -8,6 +8,7 @@ test code location tests/fixtures/ledger_defs.py.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -340,12 +341,26 @@ def _entry_of(env: LedgerEnv, task: str = "strict_task"):
     return entries[0]
 
 
-@pytest.mark.parametrize("cause", ["launch_error", "start_timeout"])
+@pytest.mark.parametrize(
+    ("cause", "storage"),
+    [
+        ("launch_error", "sqlite"),
+        ("start_timeout", "sqlite"),
+        # dagster-postgres refuses run-status queries filtered by job name (SQLite ignores
+        # the filter): the outcome sensor must work on the storage production uses.
+        pytest.param("launch_error", "postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_a_run_that_never_started_becomes_dispatch_failed_and_is_redispatched_in_its_slot(
-    ledger_env: LedgerEnv, cause: str
+    ledger_env: LedgerEnv, cause: str, storage: str, request: pytest.FixtureRequest
 ):
     marker = ledger_env.tmp / "launcher-fails"
     overrides: dict[str, Any] = {**RETRIES_ON, **MONITORING_ON}
+    if storage == "postgres":
+        pg_server = request.getfixturevalue("pg_server")
+        database = f"dagster_{uuid.uuid4().hex[:12]}"
+        overrides["storage"] = {"postgres": {"postgres_url": pg_server.create_database(database)}}
+        request.addfinalizer(lambda: pg_server.drop_database(database))
     if cause == "launch_error":
         marker.touch()
         overrides.update(failing_launcher_config(marker))
