@@ -16,7 +16,8 @@ all due at the same instant (15-minute cron, UTC) and N trivial one-asset jobs:
 - **plain** (the baseline): N ``dg.ScheduleDefinition(cron_schedule=<the same cron>,
   job=<the same asset job, without dueledger's tags>)``, running by default.
 
-Each repeat uses a fresh Dagster instance (SQLite storage in a temp dir by default;
+Each repeat (``--repeat``, more for small N so that every figure rests on at least 10
+due schedules per side) uses a fresh Dagster instance (SQLite storage in a temp dir by default;
 ``--backend postgres``: dagster-postgres storage on a throwaway server, a fresh database per
 repeat) and a fresh workspace. A RUNNING-by-default schedule's first daemon iteration only
 records its start, so the daemon ticks once a minute before the due (untimed) and the
@@ -26,8 +27,9 @@ The two sides alternate within each repeat (which one goes first alternates too)
 Reports, per N, the median seconds per due (iteration time / N) of each side and the ratio
 dueledger / plain -- the median of the per-repeat ratios, each of two back-to-back
 measurements (steadier than the ratio of the medians on a machine whose load drifts);
-target <= 1.10. Checks that every iteration made exactly one launched
-run per schedule (exit 1 otherwise).
+target <= 1.10. The same for the CPU time of this process (the daemon iteration runs in
+it), which other load on the machine disturbs much less. Checks that every iteration made
+exactly one launched run per schedule (exit 1 otherwise).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,10 @@ DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 BEFORE_DUE = DUE - timedelta(minutes=1)  # the daemon was already up: records each start
 AT_DUE = DUE + timedelta(seconds=1)
 TARGET_RATIO = 1.10
+#: Small N gets more repeats, so each side's figure rests on at least this many due
+#: schedules: one iteration at N=1 lasts a fraction of a second, where a hiccup of the
+#: machine is a large share.
+MIN_DUES_PER_SIDE = 10
 MAX_SIZE = 2000
 
 
@@ -173,10 +180,18 @@ def check_runs(instance: dg.DagsterInstance, variant: str, n: int) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class Timing:
+    """One daemon iteration: wall seconds and this process's CPU seconds."""
+
+    wall: float
+    cpu: float
+
+
 def measure_once(
     target: CodeTarget, variant: str, n: int, instance_dir: Path, storage: dict[str, Any] | None
-) -> tuple[float, list[str]]:
-    """Seconds of the daemon iteration at the due (fresh instance), and any problems."""
+) -> tuple[Timing, list[str]]:
+    """The daemon iteration at the due (fresh instance), and any problems."""
     with (
         daemon_instance("mocked", temp_dir=instance_dir, overrides=storage) as instance,
         daemon_workspace(instance, target) as ctx,
@@ -184,14 +199,20 @@ def measure_once(
         iteration_times: dict[str, Any] = {}  # one long-lived daemon across both ticks
         run_scheduler_tick(ctx, BEFORE_DUE, iteration_times=iteration_times)
         if instance.get_runs_count():
-            return 0.0, [f"{variant} N={n}: the tick before the due already created runs"]
-        started = time.perf_counter()
+            problem = f"{variant} N={n}: the tick before the due already created runs"
+            return Timing(0.0, 0.0), [problem]
+        started, cpu_started = time.perf_counter(), time.process_time()
         run_scheduler_tick(ctx, AT_DUE, iteration_times=iteration_times)
-        elapsed = time.perf_counter() - started
-        return elapsed, check_runs(instance, variant, n)
+        timing = Timing(time.perf_counter() - started, time.process_time() - cpu_started)
+        return timing, check_runs(instance, variant, n)
 
 
 # --- driver ----------------------------------------------------------------------------------
+
+
+def repeats_for(n: int, repeat: int) -> int:
+    """``repeat``, or more for small N (at least MIN_DUES_PER_SIDE due schedules)."""
+    return max(repeat, -(-MIN_DUES_PER_SIDE // n))
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -229,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = watchdog = None
     problems: list[str] = []
-    results: dict[int, dict[str, list[float]]] = {}
+    results: dict[int, dict[str, list[Timing]]] = {}
     with tempfile.TemporaryDirectory(prefix="dueledger-bench-sched-") as tmp:
         base = Path(tmp)
         try:
@@ -253,11 +274,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             for n in sizes:
                 targets = {v: write_location(base, v, n) for v in VARIANTS}
-                times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-                for r in range(args.repeat):
+                times: dict[str, list[Timing]] = {v: [] for v in VARIANTS}
+                for r in range(repeats_for(n, args.repeat)):
                     order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
                     for variant in order:
-                        elapsed, found = measure_once(
+                        timing, found = measure_once(
                             targets[variant],
                             variant,
                             n,
@@ -265,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
                             make_storage(f"s_{variant}_{n}_{r}"),
                         )
                         problems += found
-                        times[variant].append(elapsed)
+                        times[variant].append(timing)
+                    p, d = times["plain"][-1], times["dueledger"][-1]
                     print(
-                        f"  N={n} repeat {r + 1}: plain {times['plain'][-1]:.3f} s, "
-                        f"dueledger {times['dueledger'][-1]:.3f} s per iteration",
+                        f"  N={n} repeat {r + 1}: plain {p.wall:.3f} s (CPU {p.cpu:.3f}), "
+                        f"dueledger {d.wall:.3f} s (CPU {d.cpu:.3f}) per iteration",
                         flush=True,
                     )
                 results[n] = times
@@ -282,45 +304,53 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     print()
     print(f"one scheduler iteration with N schedules due at once ({args.backend} storage)")
-    print(f"{'N':>5}  {'plain s/due':>11}  {'dueledger s/due':>15}  {'ratio':>6}  target")
+    print(
+        f"{'N':>5}  {'clock':<5}  {'plain s/due':>11}  {'dueledger s/due':>15}  {'ratio':>6}  "
+        "paired ratios"
+    )
     for n, times in results.items():
-        plain = statistics.median(times["plain"]) / n
-        led = statistics.median(times["dueledger"]) / n
-        # Each repeat measures both sides back to back, so their ratio shares the machine's
-        # load at that moment; the median of those paired ratios is steadier than the ratio
-        # of the two medians when the load drifts.
-        pairs = [d / p for d, p in zip(times["dueledger"], times["plain"], strict=True)]
-        ratio = statistics.median(pairs)
-        met = ratio <= TARGET_RATIO
-        print(
-            f"{n:>5}  {plain:>11.4f}  {led:>15.4f}  {ratio:>6.2f}  "
-            f"<= {TARGET_RATIO:.2f}: {'ok' if met else 'MISS'}  "
-            f"(paired ratios {', '.join(f'{x:.2f}' for x in pairs)})"
-        )
-        rows.append(
-            Row(
-                area="scheduling",
-                measurement=(
-                    "scheduler daemon iteration at a due, s per due schedule "
-                    f"(medians of {args.repeat}; ratio: median of paired repeats)"
-                ),
-                backend=f"{args.backend} instance",
-                size=f"N={n} due at once",
-                value=led,
-                unit="s/due",
-                baseline=plain,
-                baseline_label="plain cron schedule",
-                ratio=ratio,
-                target=f"ratio <= {TARGET_RATIO:.2f}",
-                met=met,
+        for clock in ("wall", "cpu"):
+            plain_s = [getattr(x, clock) for x in times["plain"]]
+            led_s = [getattr(x, clock) for x in times["dueledger"]]
+            plain, led = statistics.median(plain_s) / n, statistics.median(led_s) / n
+            # Each repeat measures both sides back to back, so their ratio shares the
+            # machine's load at that moment; the median of those paired ratios is steadier
+            # than the ratio of the two medians when the load drifts.
+            pairs = [d / p for d, p in zip(led_s, plain_s, strict=True)]
+            ratio = statistics.median(pairs)
+            print(
+                f"{n:>5}  {clock:<5}  {plain:>11.4f}  {led:>15.4f}  {ratio:>6.2f}  "
+                + ", ".join(f"{x:.2f}" for x in pairs)
             )
-        )
+            wall = clock == "wall"
+            rows.append(
+                Row(
+                    area="scheduling",
+                    measurement=(
+                        "scheduler daemon iteration at a due, "
+                        + ("wall" if wall else "CPU (this process)")
+                        + f" s per due schedule (medians of {len(pairs)} repeats; "
+                        "ratio: median of paired repeats)"
+                    ),
+                    backend=f"{args.backend} instance",
+                    size=f"N={n} due at once",
+                    value=led,
+                    unit="s/due",
+                    baseline=plain,
+                    baseline_label="plain cron schedule",
+                    ratio=ratio,
+                    # The issue's target is on the wall clock; CPU time is the same work
+                    # seen without other processes' load (supporting evidence, no target).
+                    target=f"ratio <= {TARGET_RATIO:.2f}" if wall else "",
+                    met=ratio <= TARGET_RATIO if wall else None,
+                )
+            )
     rows.append(
         Row(
             area="scheduling",
             measurement="one launched run per schedule per due, both variants",
             backend=f"{args.backend} instance",
-            size=f"N={','.join(map(str, sizes))} x {args.repeat}",
+            size=f"N={','.join(map(str, sizes))}",
             value=float(len(problems)),
             unit="problems",
             target="0",

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.daemon
 @pytest.mark.parametrize("variant", scheduling.VARIANTS)
 def test_one_due_makes_one_launched_run_per_schedule(tmp_path, variant):
     target = scheduling.write_location(tmp_path, variant, 1)
-    seconds, problems = scheduling.measure_once(target, variant, 1, tmp_path / "inst", None)
+    timing, problems = scheduling.measure_once(target, variant, 1, tmp_path / "inst", None)
     assert problems == []
-    assert seconds > 0
+    assert timing.wall > 0 and timing.cpu > 0
 
 
 def test_the_run_check_is_not_vacuous(tmp_path):
@@ -46,3 +46,7 @@ def test_bad_sizes_are_refused(text, capsys):
         scheduling.main(["--sizes", text])
     assert info.value.code == 2
     assert "--sizes" in capsys.readouterr().err
+
+
+def test_small_sizes_get_enough_repeats_for_ten_dues_per_side():
+    assert [scheduling.repeats_for(n, 3) for n in (1, 3, 5, 20, 200)] == [10, 4, 3, 3, 3]
