@@ -72,6 +72,9 @@ _OUTCOME_EVENTS: Final[dict[str, _RunEnd]] = {
 }
 
 
+_ENDED: Final = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
+
+
 class Action(StrEnum):
     """What the reconciler does to an entry for one ended run."""
 
@@ -330,6 +333,44 @@ def reconcile_events(
     return json.dumps(positions, sort_keys=True), done
 
 
+def settle_abandoned_retries(
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    views: Sequence[TaskView],
+    now: datetime,
+    log: Any | None = None,
+) -> list[Reconciled]:
+    """``retrying`` entries whose retry Dagster announced but then gave up on -> ``failed``.
+
+    Dagster tags a failed run ``dagster/will_retry=true`` before it creates the retry; when
+    creating it fails (e.g. the code location is unavailable), it rewrites the tag to
+    ``false`` and emits no new run event, so :func:`reconcile_events` never sees the change.
+    Without this sweep such an entry would wait in ``retrying`` forever.
+    """
+    tasks = {v.spec.key for v in views}
+    max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
+    waiting, _ = ledger.list_entries(statuses=[t.STATUS_RETRYING], limit=BATCH)
+    done: list[Reconciled] = []
+    for entry in waiting:
+        if entry.task_key not in tasks or not entry.run_ids:
+            continue
+        run = instance.get_run_by_id(entry.run_ids[-1])
+        if run is None or run.status not in _ENDED or run.tags.get(t.DAGSTER_WILL_RETRY) != "false":
+            continue
+        outcome = RunOutcome(
+            run_id=run.run_id,
+            status=run.status.value,
+            will_retry=False,
+            message="Dagster announced a retry of this run and then did not launch it",
+        )
+        item = reconcile_run(ledger, run.tags, outcome, max_attempts, now=now)
+        if item.action is not Action.NONE:
+            done.append(item)
+            if log is not None:
+                log.info(item.line())
+    return done
+
+
 def build_outcome_sensor(
     views: Sequence[TaskView],
     *,
@@ -356,6 +397,7 @@ def build_outcome_sensor(
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
         )
+        done += settle_abandoned_retries(context.instance, ledger, views, now, context.log)
         summary = f"reconciled {len(done)} run(s)" if done else "nothing to reconcile"
         return dg.SensorResult(skip_reason=summary, cursor=cursor)
 

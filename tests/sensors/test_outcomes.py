@@ -28,6 +28,7 @@ from dagster_internals import (
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
 from orchestration import tags as t
+from orchestration.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger
 from sensors.outcomes import (
     Action,
@@ -36,6 +37,7 @@ from sensors.outcomes import (
     plan_redispatch,
     reconcile_run,
     redispatch_run_key,
+    settle_abandoned_retries,
 )
 
 pytestmark = pytest.mark.daemon
@@ -601,3 +603,31 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     assert entry.failure_kind == t.FAILURE_TIMEOUT  # the first attempt's, kept
     assert run.run_id in (entry.error or "")
     assert entry.summary["late_job_rejections"] == []
+
+
+def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retrying(ledger):
+    # Dagster tags a failed run will_retry=true, then rewrites it to false when creating the
+    # retry fails -- with no new run event. The sweep must notice, or `retrying` is forever.
+    views = build_views(
+        [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
+        15,
+        "UTC",
+    )
+    job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="strict_task_job")
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(job, tags=TAGS)
+        instance.report_run_failed(run)
+        instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "true"})
+        entry = _claimed(ledger, run.run_id)
+        ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
+
+        assert settle_abandoned_retries(instance, ledger, views, LATER) == []
+        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+
+        instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "false"})
+        (done,) = settle_abandoned_retries(instance, ledger, views, LATER)
+        assert done.action is Action.FAIL_FINAL
+        after = ledger.get(entry.id)
+        assert after is not None
+        assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
+        assert settle_abandoned_retries(instance, ledger, views, LATER) == []
