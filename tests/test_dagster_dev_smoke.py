@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import start_group, stop_group
 
 from orchestration.settings import PROJECT_ROOT
 
@@ -46,14 +45,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _restore_signals() -> None:
-    # Processes here can inherit SIGINT/SIGTERM as ignored (DAGSTER-FACTS); `dagster dev`
-    # would then outlive the test.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setsid()
-
-
 def _graphql(port: int, query: str) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
@@ -64,18 +55,6 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(response.read())
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
@@ -83,7 +62,7 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     log = (tmp_path / "dagster-dev.log").open("wb")
-    proc = subprocess.Popen(
+    proc = start_group(
         [
             sys.executable,
             "-m",
@@ -98,9 +77,7 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
         ],
         cwd=PROJECT_ROOT,
         env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=_restore_signals,
+        log=log,
     )
     try:
         deadline = time.monotonic() + 180
@@ -128,6 +105,6 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
         assert "effective every 15 minutes" in schedules["order_cleanup_schedule"]["description"]
         assert "declared every minute" in schedules["tick_every_minute_schedule"]["description"]
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
     assert proc.poll() is not None
