@@ -28,7 +28,8 @@ Reports, per N, the median seconds per due (iteration time / N) of each side and
 dueledger / plain -- the median of the per-repeat ratios, each of two back-to-back
 measurements (steadier than the ratio of the medians on a machine whose load drifts);
 target <= 1.10. The same for the CPU time of this process (the daemon iteration runs in
-it), which other load on the machine disturbs much less. Checks that every iteration made
+it), which other load on the machine disturbs much less (with ``--backend postgres`` the
+database server's share is not in it). Checks that every iteration made
 exactly one launched run per schedule (exit 1 otherwise).
 """
 
