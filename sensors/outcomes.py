@@ -7,7 +7,8 @@ raised, run monitoring ended it — Dagster still ends the run FAILURE or CANCEL
 storage id) and applies ledger rules 2 and 5:
 
 - failed **before claiming** (the run id is not among the entry's runs) -> the entry is
-  created if needed and becomes ``dispatch_failed`` with Dagster's error (once per run);
+  created if needed and becomes ``dispatch_failed`` with Dagster's error (once per run),
+  except a ``retrying`` entry whose dead retry Dagster retries again (that retry claims);
 - failed **after claiming** while still the lease owner -> ``retrying`` when Dagster will
   retry it (``dagster/will_retry``) and attempts are left, else ``failed`` with kind
   ``timeout`` (max runtime) or ``error``;
@@ -125,6 +126,10 @@ def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     if outcome.run_id not in entry.run_ids:
         if outcome.run_id in _dispatch_run_ids(entry):
             return Action.NONE, "dispatch failure of this run already recorded"
+        if entry.status == t.STATUS_RETRYING and outcome.will_retry:
+            # A Dagster retry died before claiming and Dagster retries it again: that next
+            # retry claims the entry. Marking it dispatch_failed now would refuse it.
+            return Action.NONE, "the retry died before claiming; Dagster's next retry claims"
         if entry.status in DISPATCHABLE_STATUSES:
             return Action.DISPATCH_FAILED, "the run ended before claiming the entry"
         return Action.NONE, f"entry is {entry.status} under another run: this run was a duplicate"

@@ -104,10 +104,17 @@ DECISIONS = [
     ("no entry: failed before the task started", None, FAILED_RUN, Action.DISPATCH_FAILED),
     ("queued entry, run never claimed", make_entry(), FAILED_RUN, Action.DISPATCH_FAILED),
     (
-        "retrying entry, its retry run never started",
+        "retrying entry, its retry run never started, no further retry",
+        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-a",)),
+        NO_RETRY,
+        Action.DISPATCH_FAILED,
+    ),
+    (
+        # Found by the soak: marking it dispatch_failed made the next retry's claim fail.
+        "retrying entry, its retry run died before claiming, Dagster retries again",
         make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-a",)),
         FAILED_RUN,
-        Action.DISPATCH_FAILED,
+        Action.NONE,
     ),
     (
         "the same dispatch failure evaluated again",
