@@ -533,3 +533,45 @@ def failing_launcher_config(marker: str | os.PathLike[str]) -> dict[str, Any]:
             "config": {"fail_marker": str(marker)},
         }
     }
+
+
+# --- added for issue 8 (the bounded soak) -------------------------------------------------------
+# The soak runs the real `dagster-daemon run` process; at the end of its window it must stop
+# every schedule of the code location so no further due fires while the last runs settle.
+# Dagster's scheduler keys schedule state by selector id (location + repository + name), so
+# stopping through an in-process load of the same code location stops the daemon's schedules.
+
+
+def stop_schedules(instance: DagsterInstance, target: CodeTarget) -> list[str]:
+    """Stop every schedule of ``target``'s code location; returns their names."""
+    stopped: list[str] = []
+    with daemon_workspace(instance, target) as ctx:
+        request_context = ctx.create_request_context()
+        for entry in request_context.get_code_location_entries().values():
+            location = entry.code_location
+            if location is None:
+                continue
+            for repo in location.get_repositories().values():
+                for schedule in repo.get_schedules():
+                    instance.stop_schedule(
+                        schedule.get_remote_origin_id(), schedule.selector_id, schedule
+                    )
+                    stopped.append(schedule.name)
+    return stopped
+
+
+def started_schedules(instance: DagsterInstance) -> list[str]:
+    """Names of the schedules the scheduler daemon has recorded as running (a schedule that
+    is RUNNING by default gets its state at the daemon's first iteration)."""
+    from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+
+    running = {
+        InstigatorStatus.RUNNING,
+        InstigatorStatus.DECLARED_IN_CODE,
+        InstigatorStatus.AUTOMATICALLY_RUNNING,
+    }
+    return [
+        state.instigator_name
+        for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
+        if state.status in running
+    ]
