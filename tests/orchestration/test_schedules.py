@@ -77,3 +77,17 @@ def test_evaluation_does_not_depend_on_the_wall_clock(name, instance):
 def test_schedules_are_running_by_default():
     for name in SCHEDULES:
         assert defs.get_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance, monkeypatch):
+    # context.log opens a compute-log stream (an upload per tick with a cloud compute-log
+    # manager); with nothing to log a plain tick must not touch it.
+    schedule = defs.get_schedule_def("order_cleanup_schedule")  # due every slot
+    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=MIDNIGHT)
+
+    def opened(self):
+        raise AssertionError("the schedule evaluation opened context.log")
+
+    monkeypatch.setattr(type(context), "log", property(opened))
+    (request,) = schedule.evaluate_tick(context).run_requests or []
+    assert request.tags[t.TAG_TASK]
