@@ -336,6 +336,38 @@ def settle_parent_of_automatic_retry(
     )
 
 
+def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:
+    """Pure: is this run Dagster's automatic retry of a run that made ``entry``
+    dispatch_failed (its parent or root run is in the entry's ``dispatch_failures``)?"""
+    if t.DAGSTER_RETRY_NUMBER not in run_tags or entry.status != t.STATUS_DISPATCH_FAILED:
+        return False
+    lineage = {run_tags.get(t.DAGSTER_PARENT_RUN_ID), run_tags.get(t.DAGSTER_ROOT_RUN_ID)}
+    return bool(lineage & entry.dispatch_failure_run_ids)
+
+
+def resume_dispatch_failed_entry_in_its_retry(
+    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry
+) -> Entry:
+    """Ledger rule 5 for Dagster's automatic retries.
+
+    A run that ended before claiming (its worker killed while loading, run monitoring's
+    start timeout) makes its entry ``dispatch_failed``; nothing of the task ran. When Dagster
+    retries that run, the retry is the re-dispatch: it moves the entry back to ``queued``
+    (``redispatch``: attempt count reset, errors kept, refused once a manual retry was made)
+    and claims it, in whatever slot. Only a retry descended from a run recorded in the
+    entry's ``dispatch_failures``; every other run passes through unchanged.
+    """
+    tags = context.run.tags
+    if not is_retry_of_a_dispatch_failure(tags, entry):
+        return entry
+    if ledger.redispatch(entry.id):
+        context.log.info(
+            f"entry {entry.id} {entry.label}: dispatch_failed -> queued; Dagster's retry of "
+            f"run {tags.get(t.DAGSTER_PARENT_RUN_ID)}, which ended before claiming, claims it"
+        )
+    return ledger.get(entry.id) or entry
+
+
 def _no_dagster_retry(context: dg.AssetExecutionContext) -> None:
     """This run is about to fail although its entry is settled (terminal): a Dagster retry
     could only be refused by the ledger, so ask Dagster for none (``dagster/max_retries=0``
@@ -529,8 +561,15 @@ def task_run(
         parent_id=request.parent_id,
     )
     entry = settle_parent_of_automatic_retry(context, ledger, entry)
+    entry = resume_dispatch_failed_entry_in_its_retry(context, ledger, entry)
     as_of = run_as_of(context, request)
     result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
+    if not result.claimed and result.entry.status == t.STATUS_DISPATCH_FAILED:
+        # The outcome sensor recorded the parent's dispatch failure between our read and
+        # the claim: resume once more.
+        entry = resume_dispatch_failed_entry_in_its_retry(context, ledger, result.entry)
+        if entry.status == t.STATUS_QUEUED:
+            result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
         context.log.warning(result.reason or f"entry {entry.id}: claim refused, nothing done")
         yield TaskRun(False, result.entry, as_of, result.reason)

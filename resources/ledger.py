@@ -291,6 +291,15 @@ class Entry:
     def is_terminal(self) -> bool:
         return self.status in tags.TERMINAL_STATUSES
 
+    @property
+    def dispatch_failure_run_ids(self) -> frozenset[str]:
+        """The runs recorded in ``summary.dispatch_failures``: they ended before claiming."""
+        return frozenset(
+            str(item["run_id"])
+            for item in self.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+            if isinstance(item, Mapping) and item.get("run_id")
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The contract's JSON shape of an entry (DESIGN.md), plus a few extra fields."""
         summary = _summary(self.summary)

@@ -109,14 +109,6 @@ class RunOutcome:
         return f"Dagster run {self.run_id} {verb} {when}: {self.message}".strip()
 
 
-def _dispatch_run_ids(entry: Entry) -> set[str]:
-    return {
-        str(item.get("run_id"))
-        for item in entry.summary.get(SUMMARY_DISPATCH_FAILURES, [])
-        if isinstance(item, Mapping) and item.get("run_id")
-    }
-
-
 def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     """Pure: the reconciler's decision for one ended run and the entry's current state."""
     if entry is None:
@@ -124,7 +116,7 @@ def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     if entry.is_terminal:
         return Action.NONE, f"entry is {entry.status}: terminal, never overwritten"
     if outcome.run_id not in entry.run_ids:
-        if outcome.run_id in _dispatch_run_ids(entry):
+        if outcome.run_id in entry.dispatch_failure_run_ids:
             return Action.NONE, "dispatch failure of this run already recorded"
         if entry.status == t.STATUS_RETRYING and outcome.will_retry:
             # A Dagster retry died before claiming and Dagster retries it again: that next

@@ -29,6 +29,7 @@ from sensor_support import LedgerEnv, target, task_runs, wait_for
 
 from orchestration import tags as t
 from orchestration.registry import EverySlots, TaskSpec, build_views
+from orchestration.runtime import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
 from sensors.outcomes import (
     Action,
@@ -471,6 +472,99 @@ def test_a_dispatch_failure_seen_after_its_slot_is_not_redispatched(ledger_env: 
         entry = _entry_of(ledger_env)
         assert entry.status == t.STATUS_DISPATCH_FAILED
         assert entry.due == DUE
+
+
+RETRY_OF = {t.DAGSTER_RETRY_NUMBER: "1", t.DAGSTER_PARENT_RUN_ID: "a", t.DAGSTER_ROOT_RUN_ID: "a"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "tags", "resumes"),
+    [
+        pytest.param(
+            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            RETRY_OF,
+            True,
+            id="retry of the run that failed",
+        ),
+        pytest.param(
+            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            {**RETRY_OF, t.DAGSTER_RETRY_NUMBER: "2", t.DAGSTER_PARENT_RUN_ID: "b"},
+            True,
+            id="a later retry in the same chain (root)",
+        ),
+        pytest.param(
+            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            {t.DAGSTER_PARENT_RUN_ID: "a", t.DAGSTER_ROOT_RUN_ID: "a"},
+            False,
+            id="a re-execution, not Dagster's retry",
+        ),
+        pytest.param(
+            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("c")),
+            RETRY_OF,
+            False,
+            id="retry of a run that did not fail this entry",
+        ),
+        pytest.param(
+            make_entry(status=t.STATUS_FAILED, summary=failures("a")),
+            RETRY_OF,
+            False,
+            id="entry not dispatch_failed",
+        ),
+    ],
+)
+def test_only_dagster_retry_of_a_dispatch_failure_resumes_the_entry(entry, tags, resumes):
+    assert is_retry_of_a_dispatch_failure(tags, entry) is resumes
+
+
+def test_dagster_retry_of_a_run_that_ended_before_claiming_does_the_due_once(
+    ledger_env: LedgerEnv,
+):
+    """Found by the soak: a worker killed before its claim made the entry dispatch_failed,
+    and Dagster's retry of that very run was refused ("must be re-dispatched") once the slot
+    (the redispatch sensor's window) was over, so the due was never done. Nothing ran
+    before the claim: the retry resumes the entry and does the due, once."""
+    marker = ledger_env.tmp / "launcher-fails"
+    marker.touch()
+    overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
+        ) as instance,
+        daemon_workspace(instance, target("dispatch_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+        marker.unlink()
+        (first,) = task_runs(instance, "strict_task")
+        assert first.status == dg.DagsterRunStatus.FAILURE
+        assert first.tags[t.DAGSTER_WILL_RETRY] == "true"
+        # The outcome sensor sees the failure only after the slot: no re-dispatch.
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1))
+        entry = _entry_of(ledger_env)
+        assert entry.status == t.STATUS_DISPATCH_FAILED
+        assert entry.dispatch_failure_run_ids == {first.run_id}
+
+        run_retry_iteration(ctx, NEXT_SLOT + timedelta(minutes=2))
+        _, retry = task_runs(instance, "strict_task")
+        assert retry.tags[t.DAGSTER_PARENT_RUN_ID] == first.run_id
+        worker = start_run_worker(instance, retry.run_id, env=ledger_env.worker_env())
+        assert worker.wait(timeout=90) == 0
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=3))
+        run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=4))
+
+        done = instance.get_run_by_id(retry.run_id)
+        assert done is not None and done.status == dg.DagsterRunStatus.SUCCESS
+        assert [r.run_id for r in task_runs(instance, "strict_task")] == [
+            first.run_id,
+            retry.run_id,
+        ]
+    entry = _entry_of(ledger_env)
+    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 1)
+    assert list(entry.run_ids) == [retry.run_id]
+    (kept,) = entry.summary["dispatch_failures"]  # the first run's error stays on record
+    assert kept["run_id"] == first.run_id
+    assert entry.summary["late_job_rejections"] == []
 
 
 # --- a claimed run that Dagster ends: the entry follows, the retry is the next attempt ----------
