@@ -8,9 +8,11 @@ Rules (each violation is one line naming the entry or effect):
    and the scheduler created exactly one run for it (``dagster/run_key`` = the due, not a
    retry); no entry exists for a due outside the window.
 2. **One outcome per due**: the entry ended ``success`` or ``failed``, or ``dispatch_failed``
-   (its last run died before claiming and no retry followed; its slot -- the only window
-   for a re-dispatch -- is over; a manual retry of it needs --acknowledge-side-effects).
-   ``queued``, ``running`` or ``retrying`` at the end means a due left hanging.
+   (its last run died before claiming and no retry of it survived; its slot -- the only
+   window for a re-dispatch -- is over; a manual retry of it needs
+   --acknowledge-side-effects). ``queued``, ``running`` or ``retrying`` at the end means a
+   due left hanging, and so does a ``dispatch_failed`` entry that a Dagster retry of its
+   failed run, not killed itself, left alone.
 3. **No failure without a cause**: a failed or dispatch-failed entry's failing run was one
    the soak killed.
 4. **No side effect twice**: at most one outbox row and at most one ``email``
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from orchestration import tags as t
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, dedup_key_for_due
+from resources.ledger import Entry, dedup_key_for_due
 from resources.source_store import naive_utc
 
 SMS = "sms"
@@ -103,11 +105,18 @@ def _due_key(due: datetime) -> str:
 
 def _failing_runs(entry: Entry) -> set[str]:
     """The runs whose death could explain this entry's failure."""
-    runs = set(entry.run_ids[-1:])
-    for item in entry.summary.get(SUMMARY_DISPATCH_FAILURES, []):
-        if isinstance(item, Mapping) and item.get("run_id"):
-            runs.add(str(item["run_id"]))
-    return runs
+    return set(entry.run_ids[-1:]) | entry.dispatch_failure_run_ids
+
+
+def _retries_of(runs: Sequence[RunInfo], run_ids: Iterable[str]) -> list[RunInfo]:
+    """Dagster's automatic retries descended from any of ``run_ids``."""
+    ids = set(run_ids)
+    return [
+        run
+        for run in runs
+        if t.DAGSTER_RETRY_NUMBER in run.tags
+        and ids & {run.tags.get(t.DAGSTER_PARENT_RUN_ID), run.tags.get(t.DAGSTER_ROOT_RUN_ID)}
+    ]
 
 
 def check(record: SoakRecord) -> list[str]:
@@ -151,6 +160,13 @@ def check(record: SoakRecord) -> list[str]:
                 f"entry {entry.id} {entry.label} {entry.status} ({entry.failure_kind}) "
                 f"but none of its runs {sorted(_failing_runs(entry))} was killed"
             )
+        if entry.status == t.STATUS_DISPATCH_FAILED:
+            for retry in _retries_of(record.runs, entry.dispatch_failure_run_ids):
+                if retry.run_id not in record.killed:
+                    problems.append(
+                        f"entry {entry.id} {entry.label} left dispatch_failed though Dagster's "
+                        f"retry {retry.run_id} ({retry.status}) of its failed run was not killed"
+                    )
 
     # 4. no side effect twice, and only claiming runs send
     effects = {e.id: e for e in record.effects}

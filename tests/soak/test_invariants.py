@@ -18,7 +18,7 @@ from invariants import (
 )
 
 from orchestration import tags as t
-from resources.ledger import Entry, dedup_key_for_due
+from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, dedup_key_for_due
 
 DUE = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 POINT = DUE.replace(tzinfo=None)
@@ -119,6 +119,7 @@ def test_a_reclaim_of_a_killed_worker_with_its_alert_is_fine():
         ("email succeeded never delivered", "delivered 0 times"),
         ("doubt without kill", "in doubt though no run of it was killed"),
         ("entry outside the window", "unexpected entry"),
+        ("dispatch failure whose retry did nothing", "left dispatch_failed though Dagster's"),
     ],
 )
 def test_each_broken_promise_is_reported(breakage: str, expected: str):
@@ -153,8 +154,43 @@ def test_each_broken_promise_is_reported(breakage: str, expected: str):
     elif breakage == "entry outside the window":
         later = DUE + timedelta(minutes=1)
         record.entries = [entry, _entry(2, dedup_key=dedup_key_for_due(later), due=later)]
+    elif breakage == "dispatch failure whose retry did nothing":
+        record.entries = [_dispatch_failed()]
+        record.deliveries, record.outbox, record.effects = [], [], []
+        record.killed = {"run-a"}
+        record.runs = [*record.runs, _retry_of("run-a", "run-b")]
     problems = check(record)
     assert any(expected in p for p in problems), problems
+
+
+def _dispatch_failed() -> Entry:
+    item = {"at": "2026-12-01T03:00:10.000000Z", "error": "killed", "run_id": "run-a"}
+    return _entry(
+        status=t.STATUS_DISPATCH_FAILED,
+        failure_kind=t.FAILURE_DISPATCH,
+        attempt=0,
+        run_ids=(),
+        summary={SUMMARY_DISPATCH_FAILURES: [item]},
+    )
+
+
+def _retry_of(parent: str, run_id: str) -> RunInfo:
+    tags = {
+        t.DAGSTER_RETRY_NUMBER: "1",
+        t.DAGSTER_PARENT_RUN_ID: parent,
+        t.DAGSTER_ROOT_RUN_ID: parent,
+        t.DAGSTER_RUN_KEY: "2026-12-01T03:00:00Z",
+    }
+    return RunInfo(run_id, TASK, "FAILURE", tags)
+
+
+def test_a_dispatch_failure_whose_retries_were_killed_too_is_fine():
+    record = _clean()
+    record.entries = [_dispatch_failed()]
+    record.deliveries, record.outbox, record.effects = [], [], []
+    record.runs = [*record.runs, _retry_of("run-a", "run-b")]
+    record.killed = {"run-a", "run-b"}
+    assert check(record) == []
 
 
 @pytest.mark.parametrize(
