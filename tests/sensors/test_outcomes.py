@@ -7,10 +7,12 @@ test code location tests/fixtures/ledger_defs.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -410,9 +412,12 @@ def test_a_run_that_never_started_becomes_dispatch_failed_and_is_redispatched_in
         assert len(task_runs(instance, "strict_task")) == 2
 
 
-def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: LedgerEnv):
+@contextlib.contextmanager
+def _launch_failed_at_due(ledger_env: LedgerEnv) -> Iterator[tuple[Any, Any, Path]]:
+    """strict_task's due, whose launch failed; the launcher keeps failing until the test
+    removes the marker it yields."""
     marker = ledger_env.tmp / "launcher-fails"
-    marker.touch()  # every launch fails
+    marker.touch()
     overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
     with (
         daemon_instance(
@@ -423,6 +428,11 @@ def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: Le
         run_scheduler_tick(ctx, BEFORE_DUE)
         run_sensor_tick(ctx, BEFORE_DUE)
         run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+        yield instance, ctx, marker
+
+
+def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: LedgerEnv):
+    with _launch_failed_at_due(ledger_env) as (instance, ctx, marker):
         quiet = 0
         for minute in range(1, 15):  # until two evaluations in a row change nothing
             runs_before = len(task_runs(instance, "strict_task"))
@@ -452,18 +462,7 @@ def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: Le
 
 
 def test_a_dispatch_failure_seen_after_its_slot_is_not_redispatched(ledger_env: LedgerEnv):
-    marker = ledger_env.tmp / "launcher-fails"
-    marker.touch()
-    overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
-        ) as instance,
-        daemon_workspace(instance, target("dispatch_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
-        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+    with _launch_failed_at_due(ledger_env) as (instance, ctx, marker):
         marker.unlink()
         # The sensor daemon was away for the rest of the slot.
         run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1))
@@ -523,18 +522,7 @@ def test_dagster_retry_of_a_run_that_ended_before_claiming_does_the_due_once(
     and Dagster's retry of that very run was refused ("must be re-dispatched") once the slot
     (the redispatch sensor's window) was over, so the due was never done. Nothing ran
     before the claim: the retry resumes the entry and does the due, once."""
-    marker = ledger_env.tmp / "launcher-fails"
-    marker.touch()
-    overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
-        ) as instance,
-        daemon_workspace(instance, target("dispatch_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
-        run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
+    with _launch_failed_at_due(ledger_env) as (instance, ctx, marker):
         marker.unlink()
         (first,) = task_runs(instance, "strict_task")
         assert first.status == dg.DagsterRunStatus.FAILURE
