@@ -42,26 +42,25 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from _paths import ROOT  # first: puts the project and tests/ on sys.path
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
+# isort: split
 
-from assets.billing import (  # noqa: E402
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+
+from assets.billing import (
     ReminderPolicy,
     overdue_reminders_due,
     render_reminders,
     renewal_notices_due,
 )
-from assets.reconcile import KIND_BALANCE, KIND_INVOICE, KIND_PAYMENT, reconcile_balances  # noqa: E402
-from assets.renewals import AutoRenewPolicy, plan_auto_renew  # noqa: E402
-from assets.tickets import TicketAutoClosePolicy, select_tickets_to_close  # noqa: E402
-from resources.sample_data import build_sample_frames  # noqa: E402
-from resources.source_store import create_schema, make_engine  # noqa: E402
+from assets.reconcile import KIND_BALANCE, KIND_INVOICE, KIND_PAYMENT, reconcile_balances
+from assets.renewals import AutoRenewPolicy, plan_auto_renew
+from assets.tickets import TicketAutoClosePolicy, select_tickets_to_close
+from resources.sample_data import build_sample_frames
+from resources.source_store import create_schema, make_engine
 
 AS_OF = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
 AT = AS_OF.replace(tzinfo=None)

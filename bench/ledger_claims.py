@@ -44,19 +44,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from _paths import ROOT  # first: puts the project and tests/ on sys.path
 
-import psycopg2  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
+# isort: split
 
-from orchestration import tags  # noqa: E402
-from resources.ledger import RunLedger, dedup_key_for_request  # noqa: E402
+import psycopg2
+import sqlalchemy as sa
+
+from orchestration import tags
+from resources.ledger import RunLedger, dedup_key_for_request
 
 TTL = timedelta(minutes=5)
 TTL_SECONDS = int(TTL.total_seconds())

@@ -43,19 +43,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from _paths import ROOT  # first: puts the project and tests/ on sys.path
 
-import sqlalchemy as sa  # noqa: E402
+# isort: split
 
-from orchestration import tags  # noqa: E402
-from resources.ledger import RunLedger  # noqa: E402
-from resources.ledger_schema import entries  # noqa: E402
+import sqlalchemy as sa
+
+from orchestration import tags
+from resources.ledger import RunLedger
+from resources.ledger_schema import entries
 
 TARGET_P95_MS = 20.0
 PAGE = 50

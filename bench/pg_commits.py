@@ -34,18 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-if str(BENCH_DIR) not in sys.path:
-    # Last, when imported (tests): bench/assets.py must not shadow the `assets` package.
-    sys.path.append(str(BENCH_DIR))
+import _paths  # noqa: F401  first: puts the project and tests/ on sys.path
 
-import psycopg2  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
-from run import Row, write_json  # noqa: E402
+# isort: split
+
+import psycopg2
+import sqlalchemy as sa
+from run import Row, write_json
 
 TABLE_ROWS = 100_000
 UPDATE = "UPDATE commit_probe SET n = n + 1 WHERE id = %s"

@@ -40,25 +40,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-if str(BENCH_DIR) not in sys.path:
-    # Last, when imported (tests): bench/assets.py must not shadow the `assets` package.
-    sys.path.append(str(BENCH_DIR))
+import _paths  # noqa: F401  first: puts the project and tests/ on sys.path
 
-import sqlalchemy as sa  # noqa: E402
-from ledger_queries import SLOT, START, TASKS, build, capture_sql, explain, plan_problems  # noqa: E402
-from run import Row, write_json  # noqa: E402
+# isort: split
 
-from orchestration import tags  # noqa: E402
-from resources.ledger import RunLedger  # noqa: E402
-from resources.ledger_schema import entries  # noqa: E402
+import sqlalchemy as sa
+from ledger_queries import SLOT, START, TASKS, build, capture_sql, explain, plan_problems
+from run import Row, write_json
+
+from orchestration import tags
+from resources.ledger import RunLedger
+from resources.ledger_schema import entries
 
 TARGET_SCAN_MS = 50.0
 RECLAIM_LIMIT = 1000  # RunLedger.reclaim_expired's default limit

@@ -46,28 +46,23 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-if str(BENCH_DIR) not in sys.path:
-    # Last, when imported (tests): bench/assets.py must not shadow the `assets` package.
-    sys.path.append(str(BENCH_DIR))
+from _paths import BENCH_DIR, ROOT  # first: puts the project and tests/ on sys.path
 
-import dagster as dg  # noqa: E402
-from dagster_internals import (  # noqa: E402
+# isort: split
+
+import dagster as dg
+from dagster_internals import (
     CodeTarget,
     daemon_instance,
     daemon_workspace,
     run_scheduler_tick,
 )
-from run import Row, write_json  # noqa: E402
+from run import Row, write_json
 
-from orchestration import hooks  # noqa: E402
-from orchestration import tags as t  # noqa: E402
-from orchestration.factory import build_task_definitions  # noqa: E402
-from orchestration.registry import EverySlots, TaskSpec, build_views  # noqa: E402
+from orchestration import hooks
+from orchestration import tags as t
+from orchestration.factory import build_task_definitions
+from orchestration.registry import EverySlots, TaskSpec, build_views
 
 VARIANTS = ("plain", "dueledger")
 SLOT_MINUTES = 15
