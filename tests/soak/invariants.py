@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from orchestration import tags as t
+from orchestration.runtime import is_retry_of_a_dispatch_failure
 from resources.ledger import Entry, dedup_key_for_due
 from resources.source_store import naive_utc
 
@@ -108,17 +109,6 @@ def _failing_runs(entry: Entry) -> set[str]:
     return set(entry.run_ids[-1:]) | entry.dispatch_failure_run_ids
 
 
-def _retries_of(runs: Sequence[RunInfo], run_ids: Iterable[str]) -> list[RunInfo]:
-    """Dagster's automatic retries descended from any of ``run_ids``."""
-    ids = set(run_ids)
-    return [
-        run
-        for run in runs
-        if t.DAGSTER_RETRY_NUMBER in run.tags
-        and ids & {run.tags.get(t.DAGSTER_PARENT_RUN_ID), run.tags.get(t.DAGSTER_ROOT_RUN_ID)}
-    ]
-
-
 def check(record: SoakRecord) -> list[str]:
     """Every violated invariant, one line each (empty: all hold)."""
     problems: list[str] = []
@@ -160,13 +150,16 @@ def check(record: SoakRecord) -> list[str]:
                 f"entry {entry.id} {entry.label} {entry.status} ({entry.failure_kind}) "
                 f"but none of its runs {sorted(_failing_runs(entry))} was killed"
             )
-        if entry.status == t.STATUS_DISPATCH_FAILED:
-            for retry in _retries_of(record.runs, entry.dispatch_failure_run_ids):
-                if retry.run_id not in record.killed:
-                    problems.append(
-                        f"entry {entry.id} {entry.label} left dispatch_failed though Dagster's "
-                        f"retry {retry.run_id} ({retry.status}) of its failed run was not killed"
-                    )
+        survivors = [
+            run
+            for run in record.runs
+            if is_retry_of_a_dispatch_failure(run.tags, entry) and run.run_id not in record.killed
+        ]
+        for retry in survivors:
+            problems.append(
+                f"entry {entry.id} {entry.label} left dispatch_failed though Dagster's "
+                f"retry {retry.run_id} ({retry.status}) of its failed run was not killed"
+            )
 
     # 4. no side effect twice, and only claiming runs send
     effects = {e.id: e for e in record.effects}
