@@ -12,7 +12,8 @@ storage id) and applies ledger rules 2 and 5:
 - failed **after claiming** while still the lease owner -> ``retrying`` when Dagster will
   retry it (``dagster/will_retry``) and attempts are left, else ``failed`` with kind
   ``timeout`` (max runtime) or ``error``;
-- a ``retrying`` entry whose latest run ended and that Dagster will not retry -> ``failed``;
+- a ``retrying`` entry whose awaited retry will not come (Dagster will not retry, or
+  announced a retry it has not created RETRY_LOST_AFTER later) -> ``failed``;
 - anything else — terminal entries above all — is left alone.
 
 Every step is a compare-and-set in the ledger and checks the entry first, so evaluating
@@ -65,6 +66,13 @@ WILL_RETRY_GRACE: Final = timedelta(seconds=60)
 BATCH: Final = 200
 #: On first evaluation (no cursor), look this far back for run failures.
 FIRST_LOOKBACK: Final = timedelta(hours=24)
+#: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A
+#: failed run tagged ``dagster/will_retry=true`` that still has no retry this long after it
+#: ended has lost it (the daemon can read the failure event before the run's status and tag
+#: are written, and then passes over the run for good): nothing will launch that retry.
+RETRY_LOST_AFTER: Final = timedelta(minutes=3)
+#: Automatic retries followed from one run (Dagster's max_retries is far smaller).
+MAX_RETRY_CHAIN: Final = 20
 
 _RunEnd = Literal[dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED]
 _OUTCOME_EVENTS: Final[dict[str, _RunEnd]] = {
@@ -330,6 +338,64 @@ def reconcile_events(
     return json.dumps(positions, sort_keys=True), done
 
 
+class RetryState(StrEnum):
+    """Where Dagster stands on retrying one run."""
+
+    RUNNING = "running"  # the run has not ended
+    RETRIED = "retried"  # Dagster created its automatic retry
+    PENDING = "pending"  # Dagster may still create one
+    NOT_RETRIED = "not_retried"  # Dagster said it will not (or cannot) retry it
+    LOST = "lost"  # announced (will_retry=true), not created within RETRY_LOST_AFTER
+
+
+def dagster_retry_state(
+    status: dg.DagsterRunStatus,
+    tags: Mapping[str, str],
+    ended_at: float | None,
+    *,
+    has_retry: bool,
+    now: datetime,
+) -> RetryState:
+    """Pure: what Dagster will still do about retrying a run (``ended_at``: its end, epoch s)."""
+    if status not in _ENDED:
+        return RetryState.RUNNING
+    if has_retry:
+        return RetryState.RETRIED
+    announced = tags.get(t.DAGSTER_WILL_RETRY, "").lower()
+    if status == dg.DagsterRunStatus.CANCELED or announced == "false":
+        return RetryState.NOT_RETRIED
+    if ended_at is not None and now.timestamp() - ended_at < RETRY_LOST_AFTER.total_seconds():
+        return RetryState.PENDING
+    return RetryState.LOST if announced == "true" else RetryState.NOT_RETRIED
+
+
+def automatic_retry_of(instance: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun | None:
+    """Dagster's automatic retry of ``run`` (its child with ``dagster/retry_number``), if any."""
+    child_id = run.tags.get(t.DAGSTER_AUTO_RETRY_RUN_ID)
+    if child_id:
+        child = instance.get_run_by_id(child_id)
+        if child is not None:
+            return child
+    children = instance.get_runs(
+        filters=dg.RunsFilter(tags={t.DAGSTER_PARENT_RUN_ID: run.run_id}), limit=10
+    )
+    return next((c for c in children if t.DAGSTER_RETRY_NUMBER in c.tags), None)
+
+
+def newest_automatic_retry(instance: dg.DagsterInstance, run_id: str) -> dg.RunRecord | None:
+    """The end of ``run_id``'s chain of automatic retries (the run itself when it has none);
+    None when a run of the chain is gone or the chain is implausibly long."""
+    record = instance.get_run_record_by_id(run_id)
+    for _ in range(MAX_RETRY_CHAIN):
+        if record is None:
+            return None
+        child = automatic_retry_of(instance, record.dagster_run)
+        if child is None:
+            return record
+        record = instance.get_run_record_by_id(child.run_id)
+    return None
+
+
 def settle_abandoned_retries(
     instance: dg.DagsterInstance,
     ledger: RunLedger,
@@ -337,12 +403,21 @@ def settle_abandoned_retries(
     now: datetime,
     log: Any | None = None,
 ) -> list[Reconciled]:
-    """``retrying`` entries whose retry Dagster announced but then gave up on -> ``failed``.
+    """``retrying`` entries whose awaited Dagster retry will never come.
 
-    Dagster tags a failed run ``dagster/will_retry=true`` before it creates the retry; when
-    creating it fails (e.g. the code location is unavailable), it rewrites the tag to
-    ``false`` and emits no new run event, so :func:`reconcile_events` never sees the change.
-    Without this sweep such an entry would wait in ``retrying`` forever.
+    An entry waits in ``retrying`` for Dagster's automatic retry of its latest run (or, when
+    that retry died before claiming, for the next retry in the chain). The newest run of
+    that chain has ended and Dagster will not retry it when:
+
+    - Dagster tagged it ``dagster/will_retry=true`` and then rewrote the tag to ``false``
+      because creating the retry failed (e.g. the code location was unavailable), with no
+      new run event, so :func:`reconcile_events` never saw the change;
+    - the tag says ``true`` but no retry exists RETRY_LOST_AFTER after the run ended
+      (Dagster lost the retry; see RETRY_LOST_AFTER).
+
+    The run's outcome is then applied as "no retry": a claimed run's entry becomes
+    ``failed`` (keeping its error), a retry that died before claiming makes it
+    ``dispatch_failed``. Without this sweep the entry would wait in ``retrying`` forever.
     """
     tasks = {v.spec.key for v in views}
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
@@ -351,21 +426,40 @@ def settle_abandoned_retries(
     for entry in waiting:
         if entry.task_key not in tasks or not entry.run_ids:
             continue
-        run = instance.get_run_by_id(entry.run_ids[-1])
-        if run is None or run.status not in _ENDED or run.tags.get(t.DAGSTER_WILL_RETRY) != "false":
+        newest = newest_automatic_retry(instance, entry.run_ids[-1])
+        if newest is None:
+            continue
+        run = newest.dagster_run
+        end = newest.end_time
+        state = dagster_retry_state(run.status, run.tags, end, has_retry=False, now=now)
+        if state is RetryState.LOST:
+            message = (
+                f"Dagster announced a retry of this run ({t.DAGSTER_WILL_RETRY}=true) and had "
+                f"not created it {_minutes(RETRY_LOST_AFTER)} after the run ended: the retry "
+                f"was lost"
+            )
+        elif state is RetryState.NOT_RETRIED and run.tags.get(t.DAGSTER_WILL_RETRY) == "false":
+            message = "Dagster announced a retry of this run and then did not launch it"
+        elif state is RetryState.NOT_RETRIED:
+            message = f"Dagster will not retry this run ({run.status.value})"
+        else:
             continue
         outcome = RunOutcome(
-            run_id=run.run_id,
-            status=run.status.value,
-            will_retry=False,
-            message="Dagster announced a retry of this run and then did not launch it",
+            run_id=run.run_id, status=run.status.value, will_retry=False, message=message
         )
         item = reconcile_run(ledger, run.tags, outcome, max_attempts, now=now)
         if item.action is not Action.NONE:
             done.append(item)
             if log is not None:
                 log.info(item.line())
+                if state is RetryState.LOST:
+                    log.warning(f"entry {entry.id} {entry.label}: {message} (run {run.run_id})")
     return done
+
+
+def _minutes(span: timedelta) -> str:
+    minutes = span.total_seconds() / 60
+    return f"{minutes:g} minute" + ("" if minutes == 1 else "s")
 
 
 def build_outcome_sensor(

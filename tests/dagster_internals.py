@@ -452,6 +452,51 @@ def run_retry_iteration(
     return _errors(values, raise_on_error)
 
 
+# Added when a CI soak stalled on a retry Dagster announced and never created: the real
+# run-retry daemon class, and one interleaving of Dagster's own writes (private, 1.13.27).
+from dagster._daemon.auto_run_reexecution.event_log_consumer import (  # noqa: E402
+    EventLogConsumerDaemon,
+)
+
+
+def retry_daemon_iteration(workspace_context: WorkspaceProcessContext, now: dt.datetime) -> None:
+    """One iteration of the real ``EventLogConsumerDaemon`` (the run-retry daemon) at frozen
+    time ``now``: it reads RUN_FAILURE events after its persisted cursor, feeds their runs to
+    ``consume_new_runs_for_automatic_reexecution``, then stores the new cursor. Its first
+    iteration only sets the cursor at the newest event."""
+    with freeze_time(_utc(now)):
+        list(EventLogConsumerDaemon().run_iteration(workspace_context))
+
+
+def fail_run_as_the_retry_daemon_reads_it(
+    workspace_context: WorkspaceProcessContext, run_id: str, now: dt.datetime, message: str
+) -> None:
+    """Fail a run the way run monitoring does (``report_run_failed``), with one iteration of
+    the run-retry daemon in the middle of it.
+
+    ``DagsterInstance.handle_new_event`` stores the RUN_FAILURE event, then writes the run's
+    status, then its ``dagster/will_retry`` tag. Here the daemon iteration runs right after
+    the event is stored -- what a thread switch or a slow database gives inside a busy
+    ``dagster-daemon``, where run monitoring and the retry daemon are threads of one process.
+    """
+    instance = workspace_context.instance
+    storage = instance.run_storage
+    handle_run_event = storage.handle_run_event
+
+    def daemon_reads_first(*args: Any, **kwargs: Any) -> Any:
+        list(EventLogConsumerDaemon().run_iteration(workspace_context))
+        return handle_run_event(*args, **kwargs)
+
+    run = instance.get_run_by_id(run_id)
+    assert run is not None, run_id
+    storage.handle_run_event = daemon_reads_first  # type: ignore[method-assign]
+    try:
+        with freeze_time(_utc(now)):
+            instance.report_run_failed(run, message)
+    finally:
+        del storage.handle_run_event
+
+
 def run_monitoring_iteration(
     workspace_context: WorkspaceProcessContext, now: dt.datetime, *, raise_on_error: bool = True
 ) -> list[SerializableErrorInfo]:

@@ -20,7 +20,9 @@ import pytest
 from dagster_internals import (
     daemon_instance,
     daemon_workspace,
+    fail_run_as_the_retry_daemon_reads_it,
     failing_launcher_config,
+    retry_daemon_iteration,
     run_monitoring_iteration,
     run_retry_iteration,
     run_scheduler_tick,
@@ -34,8 +36,11 @@ from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
 from sensors.outcomes import (
+    RETRY_LOST_AFTER,
     Action,
+    RetryState,
     RunOutcome,
+    dagster_retry_state,
     decide,
     plan_redispatch,
     reconcile_run,
@@ -720,3 +725,174 @@ def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retry
         assert after is not None
         assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
         assert settle_abandoned_retries(instance, ledger, views, LATER) == []
+
+
+# --- a retry Dagster announced and never created ---------------------------------------------
+
+_ENDED_AT = DUE.timestamp()
+_FAILURE, _CANCELED = dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
+
+
+@pytest.mark.parametrize(
+    ("status", "will_retry", "has_retry", "after", "expected"),
+    [
+        (dg.DagsterRunStatus.STARTED, None, False, timedelta(hours=1), RetryState.RUNNING),
+        (_FAILURE, "true", True, timedelta(hours=1), RetryState.RETRIED),
+        (_FAILURE, "true", False, RETRY_LOST_AFTER - timedelta(seconds=1), RetryState.PENDING),
+        (_FAILURE, "true", False, RETRY_LOST_AFTER, RetryState.LOST),
+        (_FAILURE, "false", False, timedelta(seconds=1), RetryState.NOT_RETRIED),
+        (_FAILURE, None, False, timedelta(seconds=1), RetryState.PENDING),  # tag not written yet
+        (_FAILURE, None, False, RETRY_LOST_AFTER, RetryState.NOT_RETRIED),
+        (_CANCELED, None, False, timedelta(seconds=1), RetryState.NOT_RETRIED),
+    ],
+    ids=[
+        "not ended",
+        "retried",
+        "announced, within the grace",
+        "announced, not created by the grace: lost",
+        "Dagster said no",
+        "decision not written yet",
+        "never decided: no retry",
+        "canceled runs are not retried",
+    ],
+)
+def test_what_dagster_will_still_do_about_a_retry(status, will_retry, has_retry, after, expected):
+    tags = {} if will_retry is None else {t.DAGSTER_WILL_RETRY: will_retry}
+    state = dagster_retry_state(status, tags, _ENDED_AT, has_retry=has_retry, now=DUE + after)
+    assert state is expected
+
+
+_STRICT_VIEWS = build_views(
+    [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
+    15,
+    "UTC",
+)
+_NOOP_JOB = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="strict_task_job")
+
+
+def _failed_run(instance: dg.DagsterInstance, *, parent: dg.DagsterRun | None = None):
+    """A task run Dagster ended FAILURE and announced a retry for; ``parent``: it is
+    Dagster's automatic retry of that run."""
+    tags = dict(TAGS)
+    if parent is not None:
+        root = parent.root_run_id or parent.run_id
+        tags |= {
+            t.DAGSTER_PARENT_RUN_ID: parent.run_id,
+            t.DAGSTER_ROOT_RUN_ID: root,
+            t.DAGSTER_RETRY_NUMBER: "1",
+        }
+    run = instance.create_run_for_job(
+        _NOOP_JOB,
+        tags=tags,
+        parent_run_id=parent.run_id if parent else None,
+        root_run_id=(parent.root_run_id or parent.run_id) if parent else None,
+    )
+    instance.report_run_failed(run)
+    instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "true"})
+    record = instance.get_run_record_by_id(run.run_id)
+    assert record is not None and record.end_time is not None
+    return run, datetime.fromtimestamp(record.end_time, UTC)
+
+
+def test_a_retry_dagster_announced_and_never_created_fails_the_entry_after_the_grace(ledger):
+    # Found by the soak in CI: a killed run tagged will_retry=true never got its retry (the
+    # retry daemon passed over it). The entry must not wait in `retrying` forever.
+    with dg.instance_for_test() as instance:
+        run, ended = _failed_run(instance)
+        entry = _claimed(ledger, run.run_id)
+        ledger.fail(entry.id, run.run_id, error="killed worker", now=AT_DUE)
+
+        soon = ended + RETRY_LOST_AFTER - timedelta(seconds=5)
+        assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, soon) == []
+        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+
+        late = ended + RETRY_LOST_AFTER
+        (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late)
+        assert (done.action, done.run_id) == (Action.FAIL_FINAL, run.run_id)
+        after = ledger.get(entry.id)
+        assert after is not None
+        assert (after.status, after.error) == (t.STATUS_FAILED, "killed worker")
+        assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late) == []
+
+
+def test_a_created_retry_keeps_the_entry_waiting_however_late(ledger):
+    with dg.instance_for_test() as instance:
+        run, ended = _failed_run(instance)
+        entry = _claimed(ledger, run.run_id)
+        ledger.fail(entry.id, run.run_id, error="killed worker", now=AT_DUE)
+        retry = instance.create_run_for_job(
+            _NOOP_JOB,
+            tags={**TAGS, t.DAGSTER_PARENT_RUN_ID: run.run_id, t.DAGSTER_RETRY_NUMBER: "1"},
+            parent_run_id=run.run_id,
+            root_run_id=run.run_id,
+        )
+        assert retry.status == dg.DagsterRunStatus.NOT_STARTED  # created, not yet launched
+        late = ended + 10 * RETRY_LOST_AFTER
+        assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late) == []
+        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+
+
+def test_a_lost_retry_of_a_retry_that_died_before_claiming_makes_the_entry_dispatch_failed(
+    ledger,
+):
+    # The claimed run died; its retry died too, before claiming, and Dagster announced a
+    # retry of that retry which it never created: the chain's newest run decides.
+    with dg.instance_for_test() as instance:
+        first, _ = _failed_run(instance)
+        entry = _claimed(ledger, first.run_id)
+        ledger.fail(entry.id, first.run_id, error="killed worker", now=AT_DUE)
+        retry, ended = _failed_run(instance, parent=first)
+
+        soon = ended + RETRY_LOST_AFTER - timedelta(seconds=5)
+        assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, soon) == []
+
+        (done,) = settle_abandoned_retries(
+            instance, ledger, _STRICT_VIEWS, ended + RETRY_LOST_AFTER
+        )
+        assert (done.action, done.run_id) == (Action.DISPATCH_FAILED, retry.run_id)
+        after = ledger.get(entry.id)
+        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
+        assert after.dispatch_failure_run_ids == {retry.run_id}
+        (failure,) = after.summary["dispatch_failures"]
+        assert "the retry was lost" in failure["error"]
+
+
+def test_a_retry_the_retry_daemon_passed_over_does_not_leave_the_entry_waiting(
+    ledger_env: LedgerEnv,
+):
+    # What the CI soak met, through Dagster's real scheduler, run-retry daemon and sensors:
+    # the retry daemon reads a RUN_FAILURE event before the run's status is written, passes
+    # over the run, moves its cursor on; the run then says will_retry=true forever.
+    with (
+        daemon_instance(
+            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=RETRIES_ON
+        ) as instance,
+        daemon_workspace(instance, target("dispatch_defs")) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        retry_daemon_iteration(ctx, BEFORE_DUE)  # the daemon is up: its cursor is set
+        run_scheduler_tick(ctx, AT_DUE)
+        (run,) = task_runs(instance, "strict_task")
+        # Its worker claimed the entry and was killed; run monitoring fails the run.
+        entry = _claimed(ledger_env.ledger, run.run_id)
+        died = AT_DUE + timedelta(seconds=30)
+        fail_run_as_the_retry_daemon_reads_it(ctx, run.run_id, died, "run worker died")
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+        assert failed.tags[t.DAGSTER_WILL_RETRY] == "true"
+
+        retry_daemon_iteration(ctx, died + timedelta(seconds=5))
+        retry_daemon_iteration(ctx, died + RETRY_LOST_AFTER)
+        assert task_runs(instance, "strict_task") == [failed]  # Dagster never retries it
+
+        run_sensor_tick(ctx, died + timedelta(seconds=10))  # the outcome sensor: an attempt
+        assert ledger_env.ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        run_sensor_tick(ctx, died + RETRY_LOST_AFTER - timedelta(seconds=5))
+        assert ledger_env.ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+
+        run_sensor_tick(ctx, died + RETRY_LOST_AFTER + timedelta(seconds=30))
+        after = ledger_env.ledger.get(entry.id)
+        assert after is not None
+        assert (after.status, list(after.run_ids)) == (t.STATUS_FAILED, [run.run_id])
+        assert run.run_id in (after.error or "")
