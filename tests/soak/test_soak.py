@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -56,6 +56,7 @@ from resources.idempotency import notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
 from resources.source_store import create_schema, make_engine
 from sensors.health import all_entries
+from sensors.outcomes import RetryState, dagster_retry_state
 from sensors.reclaim import ALERT_KIND
 
 pytestmark = [
@@ -80,9 +81,10 @@ KILL_TAIL = timedelta(seconds=15)
 #: Python process importing Dagster and pandas: on 2 busy cores 8-15 runs a minute). The
 #: soak fails when nothing at all changed for STALL_LIMIT while something is still open (a
 #: due left hanging), or when it has not settled SETTLE_LIMIT after the last due. A run
-#: stuck STARTING is failed by run monitoring after 180 s, so a live system changes
-#: something within STALL_LIMIT.
-STALL_LIMIT = timedelta(minutes=4)
+#: stuck STARTING is failed by run monitoring after 180 s, and a retry Dagster announced but
+#: never created is given up on after sensors.outcomes.RETRY_LOST_AFTER (3 minutes), so a
+#: live system changes something, or settles, within STALL_LIMIT.
+STALL_LIMIT = timedelta(minutes=5)
 SETTLE_LIMIT = timedelta(minutes=20)
 ACTIVE_RUN_STATUSES = {
     dg.DagsterRunStatus.QUEUED,
@@ -300,16 +302,28 @@ def _fingerprint(runs: list[dg.DagsterRun], entries: list[Entry]) -> frozenset[t
     )
 
 
-def _settled(runs: list[dg.DagsterRun], entries: list[Entry], dues: list[datetime]) -> bool:
-    if any(r.status in ACTIVE_RUN_STATUSES for r in runs):
-        return False
-    # A failed run Dagster announced a retry for, whose retry is not created yet.
-    announced = {
-        r.run_id
-        for r in runs
-        if r.status == dg.DagsterRunStatus.FAILURE and r.tags.get(t.DAGSTER_WILL_RETRY) == "true"
-    }
-    if announced - {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}:
+def _awaited_retries(
+    instance: dg.DagsterInstance, runs: list[dg.DagsterRun], now: datetime
+) -> set[str]:
+    """Failed runs Dagster announced a retry for and may still create it (not yet lost:
+    sensors.outcomes.RETRY_LOST_AFTER)."""
+    parents = {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}
+    awaited: set[str] = set()
+    for run in runs:
+        if run.tags.get(t.DAGSTER_WILL_RETRY) != "true" or run.run_id in parents:
+            continue
+        record = instance.get_run_record_by_id(run.run_id)
+        end = record.end_time if record is not None else None
+        state = dagster_retry_state(run.status, run.tags, end, has_retry=False, now=now)
+        if state is RetryState.PENDING:
+            awaited.add(run.run_id)
+    return awaited
+
+
+def _settled(
+    runs: list[dg.DagsterRun], entries: list[Entry], dues: list[datetime], awaited: set[str]
+) -> bool:
+    if any(r.status in ACTIVE_RUN_STATUSES for r in runs) or awaited:
         return False
     if len(entries) < len(SPECS) * len(dues):
         return False
@@ -321,17 +335,36 @@ def _settled(runs: list[dg.DagsterRun], entries: list[Entry], dues: list[datetim
     return _now() >= last_slot_end or not any(e.status == t.STATUS_DISPATCH_FAILED for e in entries)
 
 
-def _unsettled(soak: Soak, instance: dg.DagsterInstance) -> str:
+def _unsettled(
+    runs: list[dg.DagsterRun], entries: list[Entry], dues: list[datetime], awaited: set[str]
+) -> str:
     """What is still open, for the failure message."""
-    ledger = RunLedger(database_url=soak.ledger_url)
-    try:
-        entries = [e for e in all_entries(ledger) if not e.is_terminal]
-    finally:
-        ledger.dispose()
-    runs = [r for r in _soak_runs(instance) if r.status in ACTIVE_RUN_STATUSES]
-    lines = [f"entry {e.id} {e.label} {e.status} runs={list(e.run_ids)}" for e in entries]
-    lines += [f"run {r.run_id} {r.tags.get(t.TAG_TASK)} {r.status.value}" for r in runs]
+    lines = [f"{len(entries)} of {len(SPECS) * len(dues)} entries exist"]
+    lines += [
+        f"entry {e.id} {e.label} {e.status} runs={list(e.run_ids)} "
+        f"dispatch_failures={sorted(e.dispatch_failure_run_ids)}"
+        for e in entries
+        if not e.is_terminal
+    ]
+    lines += [
+        f"run {r.run_id} {r.tags.get(t.TAG_TASK)} {r.status.value}"
+        for r in runs
+        if r.status in ACTIVE_RUN_STATUSES
+    ]
+    lines += [
+        f"run {run_id} failed; Dagster announced a retry, not created yet" for run_id in awaited
+    ]
     return "\n".join(lines[:60])
+
+
+def _lost_retries(runs: Sequence[RunInfo]) -> list[str]:
+    """Failed runs Dagster announced a retry for and never retried (read after settling)."""
+    parents = {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}
+    return sorted(
+        r.run_id
+        for r in runs
+        if r.tags.get(t.DAGSTER_WILL_RETRY) == "true" and r.run_id not in parents
+    )
 
 
 def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invariant(
@@ -377,18 +410,19 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
             last_change, last_seen = time.monotonic(), frozenset[tuple[str, ...]]()
             while True:
                 runs, entries = _observe(soak, instance)
-                if _settled(runs, entries, dues):
+                awaited = _awaited_retries(instance, runs, _now())
+                if _settled(runs, entries, dues, awaited):
                     break
                 assert daemon.poll() is None, soak.log_path.read_text()[-4000:]
                 seen = _fingerprint(runs, entries)
                 if seen != last_seen:
                     last_change, last_seen = time.monotonic(), seen
                 stalled = time.monotonic() - last_change > STALL_LIMIT.total_seconds()
-                assert not stalled, f"nothing changed for {STALL_LIMIT}, still open:\n" + (
-                    _unsettled(soak, instance)
+                assert not stalled, f"seed={seed}: nothing changed for {STALL_LIMIT}, open:\n" + (
+                    _unsettled(runs, entries, dues, awaited)
                 )
-                assert time.monotonic() < deadline, f"not settled {SETTLE_LIMIT} after the " + (
-                    "last due, still open:\n" + _unsettled(soak, instance)
+                assert time.monotonic() < deadline, f"seed={seed}: not settled {SETTLE_LIMIT} " + (
+                    "after the last due, open:\n" + _unsettled(runs, entries, dues, awaited)
                 )
                 time.sleep(2)
             killer.stop.set()
@@ -410,7 +444,8 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
         f"{dues[-1]:%H:%M}Z), {len(record.runs)} Dagster runs, {len(killer.kills)} workers "
         f"killed ({len(after_claim)} after claiming, {killer.misses} already gone), "
         f"outcomes {outcome_counts(record)}, {len(record.deliveries)} email deliveries, "
-        f"{len(record.outbox)} outbox rows, {len(record.reclaim_alerts)} reclaim alerts; "
+        f"{len(record.outbox)} outbox rows, {len(record.reclaim_alerts)} reclaim alerts, "
+        f"{len(_lost_retries(record.runs))} retries Dagster announced and never created; "
         f"settled {settled_after:.0f} s after the daemon started"
     )
     print(report)
