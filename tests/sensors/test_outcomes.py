@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 import pytest
@@ -274,6 +274,24 @@ class RetryScenario:
     extra_runs_after_exhaustion: int
 
 
+@contextlib.contextmanager
+def _daemon_up_before_the_due(
+    tmp: Path,
+    overrides: dict[str, Any],
+    defs: str = "dispatch_defs",
+    launcher: Literal["mocked", "sync"] = "mocked",
+) -> Iterator[tuple[Any, Any]]:
+    """A test code location of tests/fixtures/ledger_defs.py on a daemon instance, its
+    scheduler and sensors evaluated once just before the due."""
+    with (
+        daemon_instance(launcher, temp_dir=tmp / "instance", overrides=overrides) as instance,
+        daemon_workspace(instance, target(defs)) as ctx,
+    ):
+        run_scheduler_tick(ctx, BEFORE_DUE)
+        run_sensor_tick(ctx, BEFORE_DUE)
+        yield instance, ctx
+
+
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetryScenario]:
     """One due of ``flaky_task`` (fails attempts 1-2) and ``failing_task`` (always fails),
@@ -286,12 +304,7 @@ def retried(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetryScenario]
         mp.setenv("LEDGER_DEFS_LOG", str(tmp / "attempts.log"))
         ledger = RunLedger(database_url=url)
         ledger.migrate()
-        with (
-            daemon_instance("sync", temp_dir=tmp / "instance", overrides=RETRIES_ON) as instance,
-            daemon_workspace(instance, target("retry_defs")) as ctx,
-        ):
-            run_scheduler_tick(ctx, BEFORE_DUE)
-            run_sensor_tick(ctx, BEFORE_DUE)
+        with _daemon_up_before_the_due(tmp, RETRIES_ON, "retry_defs", "sync") as (instance, ctx):
             run_scheduler_tick(ctx, AT_DUE)  # both runs execute (sync launcher) and fail
             for minute in (1, 2):  # retry 1, then retry 2 (each executes in-process)
                 run_retry_iteration(ctx, DUE + timedelta(minutes=minute))
@@ -381,14 +394,7 @@ def test_a_run_that_never_started_becomes_dispatch_failed_and_is_redispatched_in
     if cause == "launch_error":
         marker.touch()
         overrides.update(failing_launcher_config(marker))
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
-        ) as instance,
-        daemon_workspace(instance, target("dispatch_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
+    with _daemon_up_before_the_due(ledger_env.tmp, overrides) as (instance, ctx):
         run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
         if cause == "start_timeout":
             run_monitoring_iteration(ctx, DUE + timedelta(minutes=3, seconds=10))
@@ -424,14 +430,7 @@ def _launch_failed_at_due(ledger_env: LedgerEnv) -> Iterator[tuple[Any, Any, Pat
     marker = ledger_env.tmp / "launcher-fails"
     marker.touch()
     overrides = {**RETRIES_ON, **failing_launcher_config(marker)}
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
-        ) as instance,
-        daemon_workspace(instance, target("dispatch_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
+    with _daemon_up_before_the_due(ledger_env.tmp, overrides) as (instance, ctx):
         run_scheduler_tick(ctx, AT_DUE, raise_on_error=False)
         yield instance, ctx, marker
 
@@ -653,14 +652,7 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     release = ledger_env.tmp / "release"
     monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
     overrides = {**RETRIES_ON, **MONITORING_ON}
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=overrides
-        ) as instance,
-        daemon_workspace(instance, target("monitor_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
+    with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
         run_scheduler_tick(ctx, AT_DUE)
         (run,) = task_runs(instance, "slow_task")
         worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
@@ -863,14 +855,7 @@ def test_a_retry_the_retry_daemon_passed_over_does_not_leave_the_entry_waiting(
     # What the CI soak met, through Dagster's real scheduler, run-retry daemon and sensors:
     # the retry daemon reads a RUN_FAILURE event before the run's status is written, passes
     # over the run, moves its cursor on; the run then says will_retry=true forever.
-    with (
-        daemon_instance(
-            "mocked", temp_dir=ledger_env.tmp / "instance", overrides=RETRIES_ON
-        ) as instance,
-        daemon_workspace(instance, target("dispatch_defs")) as ctx,
-    ):
-        run_scheduler_tick(ctx, BEFORE_DUE)
-        run_sensor_tick(ctx, BEFORE_DUE)
+    with _daemon_up_before_the_due(ledger_env.tmp, RETRIES_ON) as (instance, ctx):
         retry_daemon_iteration(ctx, BEFORE_DUE)  # the daemon is up: its cursor is set
         run_scheduler_tick(ctx, AT_DUE)
         (run,) = task_runs(instance, "strict_task")
