@@ -620,3 +620,18 @@ def started_schedules(instance: DagsterInstance) -> list[str]:
         for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
         if state.status in running
     ]
+
+
+def schedule_start_times(instance: DagsterInstance) -> dict[str, float]:
+    """When each running schedule started (``ScheduleInstigatorData.start_timestamp``, epoch
+    s). The scheduler fires cron times from there on; a schedule RUNNING by default gets the
+    timestamp of the daemon iteration that first recorded it (one value for all of them)."""
+    from dagster._core.scheduler.instigation import InstigatorType, ScheduleInstigatorData
+
+    running = set(started_schedules(instance))
+    return {
+        state.instigator_name: float(state.instigator_data.start_timestamp or 0.0)
+        for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
+        if state.instigator_name in running
+        and isinstance(state.instigator_data, ScheduleInstigatorData)
+    }

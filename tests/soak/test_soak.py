@@ -38,7 +38,12 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
-from dagster_internals import CodeTarget, started_schedules, stop_schedules
+from dagster_internals import (
+    CodeTarget,
+    schedule_start_times,
+    started_schedules,
+    stop_schedules,
+)
 from invariants import Delivery, Effect, RunInfo, SoakRecord, check, outcome_counts, parse_alerts
 from pg_server import PgServer
 from processes import start_group, stop_group
@@ -97,6 +102,11 @@ ACTIVE_RUN_STATUSES = {
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _ceil_to_minute(when: datetime) -> datetime:
+    floor = when.replace(second=0, microsecond=0)
+    return floor if floor == when else floor + timedelta(minutes=1)
 
 
 def _sleep_until(when: datetime) -> None:
@@ -385,8 +395,16 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
                 assert daemon.poll() is None, soak.log_path.read_text()[-4000:]
                 assert time.monotonic() < deadline, "the daemon did not start the schedules"
                 time.sleep(0.5)
-            ready = _now()
-            first = ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
+            # The window starts at the first due the schedules can fire: the first minute
+            # from their start timestamp (the daemon iteration that recorded them), not from
+            # when this loop saw the last of them recorded -- that once came after a minute
+            # boundary the schedules had already fired, and 20 entries fell outside the window.
+            firsts = {
+                _ceil_to_minute(datetime.fromtimestamp(start, UTC))
+                for start in schedule_start_times(instance).values()
+            }
+            assert len(firsts) == 1, f"schedules started for different first dues: {firsts}"
+            first = firsts.pop()
             dues = [first + timedelta(minutes=k) for k in range(SLOTS)]
             killer = Killer(soak.source, rng, until=dues[-1] + KILL_TAIL)
             killer.start()
