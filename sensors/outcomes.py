@@ -342,7 +342,6 @@ class RetryState(StrEnum):
     """Where Dagster stands on retrying one run."""
 
     RUNNING = "running"  # the run has not ended
-    RETRIED = "retried"  # Dagster created its automatic retry
     PENDING = "pending"  # Dagster may still create one
     NOT_RETRIED = "not_retried"  # Dagster said it will not (or cannot) retry it
     LOST = "lost"  # announced (will_retry=true), not created within RETRY_LOST_AFTER
@@ -352,15 +351,12 @@ def dagster_retry_state(
     status: dg.DagsterRunStatus,
     tags: Mapping[str, str],
     ended_at: float | None,
-    *,
-    has_retry: bool,
     now: datetime,
 ) -> RetryState:
-    """Pure: what Dagster will still do about retrying a run (``ended_at``: its end, epoch s)."""
+    """Pure: what Dagster will still do about retrying a run that has no automatic retry yet
+    (``ended_at``: its end, epoch s)."""
     if status not in _ENDED:
         return RetryState.RUNNING
-    if has_retry:
-        return RetryState.RETRIED
     announced = tags.get(t.DAGSTER_WILL_RETRY, "").lower()
     if status == dg.DagsterRunStatus.CANCELED or announced == "false":
         return RetryState.NOT_RETRIED
@@ -430,13 +426,12 @@ def settle_abandoned_retries(
         if newest is None:
             continue
         run = newest.dagster_run
-        end = newest.end_time
-        state = dagster_retry_state(run.status, run.tags, end, has_retry=False, now=now)
+        state = dagster_retry_state(run.status, run.tags, newest.end_time, now)
         if state is RetryState.LOST:
             message = (
                 f"Dagster announced a retry of this run ({t.DAGSTER_WILL_RETRY}=true) and had "
-                f"not created it {_minutes(RETRY_LOST_AFTER)} after the run ended: the retry "
-                f"was lost"
+                f"not created it {RETRY_LOST_AFTER.total_seconds() / 60:g} minutes after the "
+                f"run ended: the retry was lost"
             )
         elif state is RetryState.NOT_RETRIED and run.tags.get(t.DAGSTER_WILL_RETRY) == "false":
             message = "Dagster announced a retry of this run and then did not launch it"
@@ -455,11 +450,6 @@ def settle_abandoned_retries(
                 if state is RetryState.LOST:
                     log.warning(f"entry {entry.id} {entry.label}: {message} (run {run.run_id})")
     return done
-
-
-def _minutes(span: timedelta) -> str:
-    minutes = span.total_seconds() / 60
-    return f"{minutes:g} minute" + ("" if minutes == 1 else "s")
 
 
 def build_outcome_sensor(

@@ -726,20 +726,18 @@ _FAILURE, _CANCELED = dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
 
 
 @pytest.mark.parametrize(
-    ("status", "will_retry", "has_retry", "after", "expected"),
+    ("status", "will_retry", "after", "expected"),
     [
-        (dg.DagsterRunStatus.STARTED, None, False, timedelta(hours=1), RetryState.RUNNING),
-        (_FAILURE, "true", True, timedelta(hours=1), RetryState.RETRIED),
-        (_FAILURE, "true", False, RETRY_LOST_AFTER - timedelta(seconds=1), RetryState.PENDING),
-        (_FAILURE, "true", False, RETRY_LOST_AFTER, RetryState.LOST),
-        (_FAILURE, "false", False, timedelta(seconds=1), RetryState.NOT_RETRIED),
-        (_FAILURE, None, False, timedelta(seconds=1), RetryState.PENDING),  # tag not written yet
-        (_FAILURE, None, False, RETRY_LOST_AFTER, RetryState.NOT_RETRIED),
-        (_CANCELED, None, False, timedelta(seconds=1), RetryState.NOT_RETRIED),
+        (dg.DagsterRunStatus.STARTED, None, timedelta(hours=1), RetryState.RUNNING),
+        (_FAILURE, "true", RETRY_LOST_AFTER - timedelta(seconds=1), RetryState.PENDING),
+        (_FAILURE, "true", RETRY_LOST_AFTER, RetryState.LOST),
+        (_FAILURE, "false", timedelta(seconds=1), RetryState.NOT_RETRIED),
+        (_FAILURE, None, timedelta(seconds=1), RetryState.PENDING),  # tag not written yet
+        (_FAILURE, None, RETRY_LOST_AFTER, RetryState.NOT_RETRIED),
+        (_CANCELED, None, timedelta(seconds=1), RetryState.NOT_RETRIED),
     ],
     ids=[
         "not ended",
-        "retried",
         "announced, within the grace",
         "announced, not created by the grace: lost",
         "Dagster said no",
@@ -748,9 +746,9 @@ _FAILURE, _CANCELED = dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
         "canceled runs are not retried",
     ],
 )
-def test_what_dagster_will_still_do_about_a_retry(status, will_retry, has_retry, after, expected):
+def test_what_dagster_will_still_do_about_a_retry(status, will_retry, after, expected):
     tags = {} if will_retry is None else {t.DAGSTER_WILL_RETRY: will_retry}
-    state = dagster_retry_state(status, tags, _ENDED_AT, has_retry=has_retry, now=DUE + after)
+    state = dagster_retry_state(status, tags, _ENDED_AT, DUE + after)
     assert state is expected
 
 

@@ -312,21 +312,29 @@ def _fingerprint(runs: list[dg.DagsterRun], entries: list[Entry]) -> frozenset[t
     )
 
 
+def _announced_unretried(runs: Sequence[dg.DagsterRun | RunInfo]) -> list[str]:
+    """Runs tagged ``dagster/will_retry=true`` that no run names as its parent (yet)."""
+    parents = {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}
+    return sorted(
+        r.run_id
+        for r in runs
+        if r.tags.get(t.DAGSTER_WILL_RETRY) == "true" and r.run_id not in parents
+    )
+
+
 def _awaited_retries(
     instance: dg.DagsterInstance, runs: list[dg.DagsterRun], now: datetime
 ) -> set[str]:
     """Failed runs Dagster announced a retry for and may still create it (not yet lost:
     sensors.outcomes.RETRY_LOST_AFTER)."""
-    parents = {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}
     awaited: set[str] = set()
-    for run in runs:
-        if run.tags.get(t.DAGSTER_WILL_RETRY) != "true" or run.run_id in parents:
+    for run_id in _announced_unretried(runs):
+        record = instance.get_run_record_by_id(run_id)
+        if record is None:
             continue
-        record = instance.get_run_record_by_id(run.run_id)
-        end = record.end_time if record is not None else None
-        state = dagster_retry_state(run.status, run.tags, end, has_retry=False, now=now)
-        if state is RetryState.PENDING:
-            awaited.add(run.run_id)
+        run = record.dagster_run
+        if dagster_retry_state(run.status, run.tags, record.end_time, now) is RetryState.PENDING:
+            awaited.add(run_id)
     return awaited
 
 
@@ -365,16 +373,6 @@ def _unsettled(
         f"run {run_id} failed; Dagster announced a retry, not created yet" for run_id in awaited
     ]
     return "\n".join(lines[:60])
-
-
-def _lost_retries(runs: Sequence[RunInfo]) -> list[str]:
-    """Failed runs Dagster announced a retry for and never retried (read after settling)."""
-    parents = {r.tags.get(t.DAGSTER_PARENT_RUN_ID) for r in runs}
-    return sorted(
-        r.run_id
-        for r in runs
-        if r.tags.get(t.DAGSTER_WILL_RETRY) == "true" and r.run_id not in parents
-    )
 
 
 def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invariant(
@@ -463,7 +461,7 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
         f"killed ({len(after_claim)} after claiming, {killer.misses} already gone), "
         f"outcomes {outcome_counts(record)}, {len(record.deliveries)} email deliveries, "
         f"{len(record.outbox)} outbox rows, {len(record.reclaim_alerts)} reclaim alerts, "
-        f"{len(_lost_retries(record.runs))} retries Dagster announced and never created; "
+        f"{len(_announced_unretried(record.runs))} retries Dagster announced and never created; "
         f"settled {settled_after:.0f} s after the daemon started"
     )
     print(report)
