@@ -111,13 +111,14 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
 
 
 def task_tags(tags: Mapping[str, str], spec: TaskSpec) -> Mapping[str, str]:
-    """The run's tags, completed with ``dueledger/task`` for an asset backfill run.
+    """The run's tags, completed with ``dueledger/task`` from the asset being executed.
 
-    Runs of a backfill launched from the asset graph or a partitioned job's page run the
-    implicit asset job, so they carry ``dagster/backfill`` and ``dagster/partition`` but
-    not the task job's run tags; the asset being executed names the task.
+    Dagster 1.13's GraphQL ``launchRun`` -- what the launchpad, the Catalog's and the job
+    page's "Materialize" call -- does not apply a job's run tags, and a backfill from the
+    asset graph runs the implicit asset job: such runs carry no ``dueledger/task``. The
+    asset being executed names the task (DESIGN: attribution by what Dagster records).
     """
-    if t.TAG_TASK in tags or t.DAGSTER_BACKFILL not in tags:
+    if t.TAG_TASK in tags:
         return tags
     return {**tags, t.TAG_TASK: spec.key}
 
@@ -368,6 +369,26 @@ def resume_dispatch_failed_entry_in_its_retry(
     return ledger.get(entry.id) or entry
 
 
+def _mark_run(context: dg.AssetExecutionContext, entry: Entry, *, refused: bool) -> None:
+    """Make the ledger navigable from the UI: tag the run with its entry, a refused run with
+    ``dueledger/outcome=refused``, and link the materialization to the entry's runs. Best
+    effort: the ledger already holds the truth."""
+    tags = {t.TAG_ENTRY: str(entry.id)}
+    if refused:
+        tags[t.TAG_OUTCOME] = t.OUTCOME_REFUSED
+    try:
+        context.instance.add_run_tags(context.run.run_id, tags)
+    except Exception as exc:
+        context.log.warning(f"could not tag run {context.run.run_id} with its entry: {exc}")
+    if not refused:
+        context.add_asset_metadata(
+            {
+                "ledger_entry_runs": dg.MetadataValue.url(t.entry_runs_path(entry.id)),
+                "ledger_entry_cli": dg.MetadataValue.text(f"dueledger runs show {entry.id}"),
+            }
+        )
+
+
 def _no_dagster_retry(context: dg.AssetExecutionContext) -> None:
     """This run is about to fail although its entry is settled (terminal): a Dagster retry
     could only be refused by the ledger, so ask Dagster for none (``dagster/max_retries=0``
@@ -548,6 +569,7 @@ def task_run(
     if refusal is not None:
         assert refusal.entry is not None  # a refusal names the parent's entry
         context.log.warning(refusal.message)
+        _mark_run(context, refusal.entry, refused=True)
         yield TaskRun(False, refusal.entry, run_as_of(context, request), refusal.message)
         return
     entry = ledger.ensure_entry(
@@ -572,12 +594,14 @@ def task_run(
             result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
         context.log.warning(result.reason or f"entry {entry.id}: claim refused, nothing done")
+        _mark_run(context, result.entry, refused=True)
         yield TaskRun(False, result.entry, as_of, result.reason)
         return
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"
     )
+    _mark_run(context, result.entry, refused=False)
     claimed = result.entry
     _record_creation_hooks(context, ledger, request, claimed)
     with _Heartbeat(ledger, entry.id, run_id, spec.lease_ttl) as beat:

@@ -6,6 +6,7 @@ Every module uses these constants; string literals for them are not scattered ar
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import quote, urlencode
 
 # --- dueledger tags -----------------------------------------------------------------
 TAG_TASK: Final = "dueledger/task"
@@ -15,6 +16,11 @@ TAG_REQUEST_ID: Final = "dueledger/request_id"
 TAG_OPERATOR: Final = "dueledger/operator"
 TAG_REASON: Final = "dueledger/reason"
 TAG_PARENT_ENTRY: Final = "dueledger/parent_entry"
+#: Added to a run when it claims an entry: the Runs page's tag filter lists every attempt.
+TAG_ENTRY: Final = "dueledger/entry"
+#: Added to a run the ledger refused (duplicate, late, rule), so it is not a silent green.
+TAG_OUTCOME: Final = "dueledger/outcome"
+OUTCOME_REFUSED: Final = "refused"
 
 # --- trigger values -------------------------------------------------------------------
 TRIGGER_SCHEDULE: Final = "schedule"
@@ -74,3 +80,15 @@ DAGSTER_WILL_RETRY: Final = "dagster/will_retry"
 DAGSTER_MAX_RETRIES: Final = "dagster/max_retries"
 DAGSTER_MAX_RUNTIME: Final = "dagster/max_runtime"
 DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"
+
+
+# --- where the Dagster UI shows them (paths under the webserver's root) ---------------------
+def run_path(run_id: str) -> str:
+    """The Dagster UI page of one run."""
+    return f"/runs/{quote(run_id)}"
+
+
+def entry_runs_path(entry_id: int) -> str:
+    """The Dagster UI's Runs page filtered on ``dueledger/entry=<entry_id>``: every run that
+    claimed the entry (attempts, retries, re-executions) or was refused on it."""
+    return "/runs?" + urlencode({"q[0]": f"tag:{TAG_ENTRY}={entry_id}"})

@@ -95,6 +95,30 @@ class Harness:
         assert payload["__typename"] == "LaunchRunSuccess", result
         return str(payload["run"]["runId"])
 
+    def launch_from_ui(
+        self, task: str, job_name: str | None = None, assets: list[str] | None = None
+    ) -> str:
+        """Exactly what the launchpad sends: the job and ``dagster/from_ui``, no other tag
+        (Dagster 1.13's ``launchRun`` does not apply the job's run tags either)."""
+        result = execute_query(
+            self.ctx,
+            LAUNCH_MUTATION,
+            {
+                "params": {
+                    "selector": {
+                        "repositoryLocationName": LOCATION,
+                        "repositoryName": "__repository__",
+                        "jobName": job_name or f"{task}_job",
+                        **({"assetSelection": [{"path": [a]} for a in assets]} if assets else {}),
+                    },
+                    "executionMetadata": {"tags": [{"key": "dagster/from_ui", "value": "true"}]},
+                }
+            },
+        )
+        payload = result["data"]["launchRun"]
+        assert payload["__typename"] == "LaunchRunSuccess", result
+        return str(payload["run"]["runId"])
+
     def reexecute(self, run_id: str, extra_tags: Mapping[str, str] | None = None) -> str:
         """What the UI's "Re-execute" button does; the new run executes synchronously."""
         result = execute_query(
@@ -411,3 +435,95 @@ def test_a_run_merely_tagged_as_a_retry_claims_nothing(harness: Harness) -> None
     assert h.run(orphan).status == dg.DagsterRunStatus.FAILURE
     assert h.run(orphan).tags[t.DAGSTER_MAX_RETRIES] == "0"  # and Dagster will not retry it
     assert h.ledger.find(UI_TASK, dedup_key_for_retry(987654)) is None
+
+
+# --- launches from the UI carry no dueledger tags (issue 12) ---------------------------------
+
+
+def test_a_launchpad_run_without_dueledger_tags_is_a_manual_launch_by_dagster_ui(
+    harness: Harness,
+) -> None:
+    # Regression: such a run failed at its step ("has no dueledger/task tag").
+    h = harness
+    run_id = h.launch_from_ui(UI_TASK)
+
+    run = h.run(run_id)
+    assert run.status == dg.DagsterRunStatus.SUCCESS
+    assert t.TAG_TASK not in run.tags  # what Dagster recorded: the job, not our tags
+    entry = h.entry(UI_TASK, f"manual:{run_id}")
+    assert (entry.trigger, entry.operator, entry.status) == (
+        t.TRIGGER_MANUAL,
+        UI_OPERATOR,
+        t.STATUS_SUCCESS,
+    )
+    assert entry.run_ids == (run_id,)
+    assert h.effects() == [(UI_TASK, run_id, entry.id)]
+    assert run.tags[t.TAG_ENTRY] == str(entry.id)  # the Runs page can filter on it
+    assert t.TAG_OUTCOME not in run.tags
+    [materialization] = [
+        e.asset_materialization
+        for e in h.instance.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+        ).records
+        if e.asset_materialization is not None
+    ]
+    metadata = materialization.metadata
+    assert metadata["ledger_entry"].value == entry.id
+    assert metadata["ledger_entry_runs"].value == t.entry_runs_path(entry.id)
+
+
+def test_a_ui_launch_that_fails_is_a_failed_entry_the_summary_counts(harness: Harness) -> None:
+    h = harness
+    h.failing(True)
+    run_id = h.launch_from_ui(UI_TASK)
+    h.failing(False)
+
+    assert h.run(run_id).status == dg.DagsterRunStatus.FAILURE
+    entry = h.entry(UI_TASK, f"manual:{run_id}")
+    assert (entry.status, entry.operator) == (t.STATUS_FAILED, UI_OPERATOR)
+    assert h.ledger.summary_counts()["failed_window"] == 1
+
+
+def test_re_executing_a_failed_ui_launch_is_a_manual_retry_and_is_refused_the_second_time(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.failing(True)
+    first = h.launch_from_ui(UI_TASK)
+    h.failing(False)
+    parent = h.entry(UI_TASK, f"manual:{first}")
+
+    rerun = h.reexecute(first)
+    again = h.reexecute(first)
+
+    child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
+    assert (child.status, child.parent_id, child.run_ids) == (t.STATUS_SUCCESS, parent.id, (rerun,))
+    assert h.run(rerun).tags[t.TAG_ENTRY] == str(child.id)
+    refused = h.run(again)
+    assert refused.status == dg.DagsterRunStatus.SUCCESS  # Dagster's view: nothing failed
+    assert refused.tags[t.TAG_OUTCOME] == t.OUTCOME_REFUSED  # the Runs list shows it refused
+    assert h.effects() == [(UI_TASK, first, parent.id), (UI_TASK, rerun, child.id)]
+
+
+def test_a_refused_re_execution_of_a_success_is_tagged_refused(harness: Harness) -> None:
+    h = harness
+    first = h.launch_from_ui(UI_TASK)
+
+    rerun = h.reexecute(first)
+
+    assert h.run(rerun).tags[t.TAG_OUTCOME] == t.OUTCOME_REFUSED
+    assert t.TAG_OUTCOME not in h.run(first).tags
+    assert len(h.effects()) == 1
+
+
+def test_a_catalog_materialize_runs_the_implicit_asset_job_and_is_attributed_by_its_asset(
+    harness: Harness,
+) -> None:
+    h = harness
+    # What the Catalog's "Materialize" sends: the implicit asset job and the asset.
+    run_id = h.launch_from_ui(UI_TASK, job_name="__ASSET_JOB", assets=[UI_TASK])
+
+    run = h.run(run_id)
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.tags
+    entry = h.entry(UI_TASK, f"manual:{run_id}")
+    assert (entry.status, entry.operator) == (t.STATUS_SUCCESS, UI_OPERATOR)
