@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -364,6 +364,31 @@ def task_run_tags(spec: TaskSpec) -> dict[str, str]:
         DAGSTER_MAX_RETRIES: str(spec.max_attempts - 1),
         DAGSTER_MAX_RUNTIME: str(int(spec.timeout.total_seconds())),
     }
+
+
+def task_keys_of_run(
+    specs: Iterable[TaskSpec],
+    job_name: str | None,
+    asset_keys: Iterable[str] | None,
+    tags: Mapping[str, str],
+) -> tuple[str, ...]:
+    """The tasks a Dagster run belongs to, from what Dagster records (DESIGN: attribution).
+
+    Its ``dueledger/task`` tag when it has one; else its job (``<task>_job``); else the
+    tasks whose assets it executes (the implicit asset job of a Catalog "Materialize" or an
+    asset-graph backfill; a run of several task assets belongs to each of them), as the
+    task asset itself decides when it claims. No task: ``()``. ``asset_keys`` are the run's
+    selected assets as user strings (``AssetKey.to_user_string()``).
+    """
+    tagged = tags.get(TAG_TASK)
+    if tagged:
+        return (tagged,)
+    specs = list(specs)
+    for spec in specs:
+        if spec.job_name == job_name:
+            return (spec.key,)
+    selected = set(asset_keys or ())
+    return tuple(spec.key for spec in specs if spec.asset in selected)
 
 
 def find_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec | None:

@@ -40,7 +40,7 @@ from typing import Any, Final, Literal
 import dagster as dg
 
 from orchestration import tags as t
-from orchestration.registry import TaskView
+from orchestration.registry import TaskView, task_keys_of_run
 from orchestration.runtime import entry_request_from_tags
 from orchestration.slots import floor_to_slot, format_due
 from resources.ledger import (
@@ -241,14 +241,32 @@ def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:
         return False
 
 
+def attributed_tags(run: dg.DagsterRun, views: Sequence[TaskView]) -> list[Mapping[str, str]]:
+    """The run's tags once per task it belongs to, each completed with ``dueledger/task``.
+
+    A run started from the Dagster UI (launchpad, "Materialize", asset-graph backfill)
+    carries no ``dueledger/task``: it is attributed by its job or the assets it executes
+    (``registry.task_keys_of_run``), so its failure before claiming is not invisible.
+    """
+    assets = [key.to_user_string() for key in run.asset_selection or ()]
+    keys = task_keys_of_run([v.spec for v in views], run.job_name, assets, run.tags)
+    return [{**run.tags, t.TAG_TASK: key} for key in keys]
+
+
 def run_outcome(
-    instance: dg.DagsterInstance, event_record: dg.EventLogRecord, status: str
-) -> tuple[RunOutcome, Mapping[str, str]] | None:
-    """The :class:`RunOutcome` of a run-status event and the run's tags (None: not a task run
-    or the run is gone)."""
+    instance: dg.DagsterInstance,
+    event_record: dg.EventLogRecord,
+    status: str,
+    views: Sequence[TaskView],
+) -> tuple[RunOutcome, list[Mapping[str, str]]] | None:
+    """The :class:`RunOutcome` of a run-status event and the run's tags per task it belongs
+    to (None: not a task run, or the run is gone)."""
     run_id = event_record.event_log_entry.run_id
     record = instance.get_run_record_by_id(run_id)
-    if record is None or t.TAG_TASK not in record.dagster_run.tags:
+    if record is None:
+        return None
+    per_task = attributed_tags(record.dagster_run, views)
+    if not per_task:
         return None
     tags = record.dagster_run.tags
     event = event_record.event_log_entry.dagster_event
@@ -269,7 +287,7 @@ def run_outcome(
         message=message,
         timed_out=run_timed_out(record, message),
     )
-    return outcome, tags
+    return outcome, per_task
 
 
 def _load_cursor(text: str | None) -> dict[str, int]:
@@ -292,7 +310,6 @@ def reconcile_events(
     was done. A FAILURE still waiting for its ``dagster/will_retry`` tag stops its batch
     there (for at most WILL_RETRY_GRACE), so the next evaluation sees it again."""
     positions = _load_cursor(cursor)
-    jobs = {v.spec.job_name for v in views}
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
     done: list[Reconciled] = []
     for status, event_type in _OUTCOME_EVENTS.items():
@@ -306,34 +323,33 @@ def reconcile_events(
         )
         result = instance.fetch_run_status_changes(records_filter, limit=BATCH, ascending=True)
         for record in result.records:
-            if record.event_log_entry.job_name not in jobs:
-                positions[status] = record.storage_id
-                continue
-            found = run_outcome(instance, record, status)
+            # Every ended run is looked at, not only task jobs': a UI "Materialize" runs
+            # the implicit asset job. Failures are few; the run record tells the tasks.
+            found = run_outcome(instance, record, status, views)
             if found is not None:
-                outcome, tags = found
+                outcome, per_task = found
                 waiting = (
                     status == "FAILURE"
                     and instance.run_retries_enabled
-                    and t.DAGSTER_WILL_RETRY not in tags
+                    and t.DAGSTER_WILL_RETRY not in per_task[0]
                     and now.timestamp() - record.timestamp < WILL_RETRY_GRACE.total_seconds()
                 )
                 if waiting:
                     break
-                try:
-                    item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
-                except ValueError as exc:
-                    # Malformed tags (e.g. a hand-made dueledger/due): skip the run rather
-                    # than stall the cursor on it forever. Ledger outages raise LedgerError
-                    # and are retried on the next evaluation.
-                    if log is not None:
-                        log.warning(f"run {outcome.run_id}: cannot reconcile: {exc}")
-                    positions[status] = record.storage_id
-                    continue
-                if item.action is not Action.NONE:
-                    done.append(item)
-                    if log is not None:
-                        log.info(item.line())
+                for tags in per_task:
+                    try:
+                        item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
+                    except ValueError as exc:
+                        # Malformed tags (e.g. a hand-made dueledger/due): skip the run
+                        # rather than stall the cursor on it forever. Ledger outages raise
+                        # LedgerError and are retried on the next evaluation.
+                        if log is not None:
+                            log.warning(f"run {outcome.run_id}: cannot reconcile: {exc}")
+                        continue
+                    if item.action is not Action.NONE:
+                        done.append(item)
+                        if log is not None:
+                            log.info(item.line())
             positions[status] = record.storage_id
     return json.dumps(positions, sort_keys=True), done
 
@@ -442,7 +458,9 @@ def settle_abandoned_retries(
         outcome = RunOutcome(
             run_id=run.run_id, status=run.status.value, will_retry=False, message=message
         )
-        item = reconcile_run(ledger, run.tags, outcome, max_attempts, now=now)
+        # A UI-launched run's retries copy its tags, which name no task: the entry does.
+        tags = {t.TAG_TASK: entry.task_key, **run.tags}
+        item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
         if item.action is not Action.NONE:
             done.append(item)
             if log is not None:

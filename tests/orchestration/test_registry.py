@@ -13,6 +13,7 @@ from orchestration.registry import (
     TaskSpec,
     TaskSpecError,
     build_views,
+    task_keys_of_run,
 )
 
 GOOD = TaskSpec(
@@ -109,3 +110,33 @@ def test_catch_up_with_a_bounded_window_is_accepted():
     spec = replace(GOOD, missed_slot_policy=CATCH_UP, catch_up_window=timedelta(hours=2))
     (view,) = build_views([spec], 15, "UTC")
     assert view.as_json()["catch_up_window_seconds"] == 7200
+
+
+# --- attribution by what Dagster records (issue 12) -----------------------------------------
+def _attribution_specs() -> list[TaskSpec]:
+    return [
+        TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot", asset=k)
+        for k in ("alpha", "beta")
+    ]
+
+
+ATTRIBUTIONS = [
+    # (name, job name, assets executed, tags, tasks)
+    ("tag_wins", "beta_job", ["beta"], {"dueledger/task": "alpha"}, ("alpha",)),
+    ("launchpad_of_a_task_job", "alpha_job", ["alpha"], {"dagster/from_ui": "true"}, ("alpha",)),
+    ("catalog_materialize_of_one_asset", "__ASSET_JOB", ["beta"], {}, ("beta",)),
+    ("materialize_of_two_task_assets", "__ASSET_JOB", ["beta", "alpha"], {}, ("alpha", "beta")),
+    ("partitioned_asset_job_variant", "__ASSET_JOB_0", ["alpha"], {}, ("alpha",)),
+    ("asset_of_no_task", "__ASSET_JOB", ["raw_orders"], {}, ()),
+    ("another_asset_job_with_a_task_asset", "reporting_job", ["alpha"], {}, ("alpha",)),
+    ("an_op_job", "cleanup_ops_job", None, {}, ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("job", "assets", "tags", "expected"),
+    [case[1:] for case in ATTRIBUTIONS],
+    ids=[case[0] for case in ATTRIBUTIONS],
+)
+def test_a_run_belongs_to_the_tasks_of_its_tag_job_or_assets(job, assets, tags, expected):
+    assert task_keys_of_run(_attribution_specs(), job, assets, tags) == expected

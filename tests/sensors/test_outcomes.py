@@ -35,6 +35,7 @@ from orchestration import tags as t
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
+from sensors.health import utc_now
 from sensors.outcomes import (
     RETRY_LOST_AFTER,
     Action,
@@ -43,6 +44,7 @@ from sensors.outcomes import (
     dagster_retry_state,
     decide,
     plan_redispatch,
+    reconcile_events,
     reconcile_run,
     redispatch_run_key,
     settle_abandoned_retries,
@@ -879,3 +881,46 @@ def test_a_retry_the_retry_daemon_passed_over_does_not_leave_the_entry_waiting(
         assert after is not None
         assert (after.status, list(after.run_ids)) == (t.STATUS_FAILED, [run.run_id])
         assert run.run_id in (after.error or "")
+
+
+# --- runs launched from the UI carry no dueledger tags (issue 12) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "assets"),
+    [("ui_task_job", None), ("__ASSET_JOB", {"ui_task"})],
+    ids=["launchpad_of_the_task_job", "catalog_materialize_of_the_task_asset"],
+)
+def test_a_ui_run_that_failed_before_claiming_is_a_dispatch_failed_entry_not_invisible(
+    ledger_url: str, job: str, assets: set[str] | None
+) -> None:
+    # Regression: the sensor skipped runs without dueledger/task, so summary said
+    # failed_24h=0 while the Catalog showed the asset red.
+    from fixtures.retry_defs import SPECS, defs
+
+    views = build_views(SPECS, 15, "UTC")
+    ledger = RunLedger(database_url=ledger_url)
+    ledger.migrate()
+    job_def = (
+        defs.resolve_implicit_global_asset_job_def()
+        if job.startswith("__ASSET_JOB")
+        else defs.resolve_job_def(job)
+    )
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(
+            job_def,
+            tags={"dagster/from_ui": "true"},
+            asset_selection=frozenset(dg.AssetKey(a) for a in assets) if assets else None,
+        )
+        assert run.job_name.startswith(job.removesuffix("_job"))
+        instance.report_run_failed(run)
+
+        _cursor, done = reconcile_events(instance, ledger, views, None, utc_now())
+
+    entry = ledger.find("ui_task", f"manual:{run.run_id}")
+    assert entry is not None and entry.status == t.STATUS_DISPATCH_FAILED
+    assert entry.operator == "dagster-ui"
+    assert entry.dispatch_failure_run_ids == {run.run_id}
+    assert [d.action for d in done] == [Action.DISPATCH_FAILED]
+    assert ledger.summary_counts()["dispatch_failed_window"] == 1
+    ledger.dispose()
