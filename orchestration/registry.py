@@ -22,6 +22,7 @@ from orchestration.slots import (
     floor_to_slot,
     format_due,
     is_valid_cron,
+    slot_aligned_cron,
     slot_index,
 )
 from orchestration.tags import DAGSTER_MAX_RETRIES, DAGSTER_MAX_RUNTIME, TAG_TASK
@@ -196,7 +197,9 @@ def _grid_cron(minutes: int) -> str | None:
 def schedule_plan(rule: Rule, slot_minutes: int, timezone: str) -> SchedulePlan:
     """Map a rule onto a Dagster cron + timezone (+ an optional every-N-slots filter)."""
     if isinstance(rule, Cron):
-        return SchedulePlan(rule.expression, timezone)
+        # The schedule fires on the slot grid, so the UI's cron, "Next tick" and timeline
+        # show what runs; the declared cron stays in the rule (description, metadata).
+        return SchedulePlan(slot_aligned_cron(rule.expression, slot_minutes, timezone), timezone)
     if isinstance(rule, EverySlots):
         exact = _grid_cron(rule.n * slot_minutes)
         if exact is not None:

@@ -150,3 +150,59 @@ def cron_effective_cadence(cron: str, slot_minutes: int, timezone: str = "UTC") 
             dues.append(due)
     gap = _min_gap_minutes(dues)
     return Cadence(gap if gap is not None else 525_600)
+
+
+def _cron_field(values: list[int], full: range) -> str:
+    """A cron field for ``values`` (sorted ints): ``*``, ``*/k``, ``a-b`` or a comma list."""
+    if values == list(full):
+        return "*"
+    step = values[1] - values[0] if len(values) > 1 else 0
+    if values[0] == full.start and step > 1 and values == list(range(full.start, full.stop, step)):
+        return f"*/{step}"
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]}"
+    return ",".join(str(v) for v in values)
+
+
+def _offsets_on_slot_grid(timezone: str, slot_minutes: int) -> bool:
+    """Does ``timezone`` keep local slot boundaries on the UTC slot grid all year?"""
+    tz = ZoneInfo(timezone)
+    for month in (1, 4, 7, 10):
+        offset = datetime(2026, month, 1, tzinfo=UTC).astimezone(tz).utcoffset()
+        if offset is None or int(offset.total_seconds()) % (slot_minutes * 60):
+            return False
+    return True
+
+
+def slot_aligned_cron(cron: str, slot_minutes: int, timezone: str = "UTC") -> str:
+    """The cron a schedule should fire on for ``cron`` under ``slot_minutes`` slots.
+
+    A cron finer than the slot ("every minute" on 15-minute slots) runs once per slot, at
+    its due; firing on the declared cron would show Dagster's Automation list, "Next tick"
+    and timeline a tick that is skipped 14 times out of 15. Such a cron is moved to the
+    start of every slot that holds one of its fires: ``* * * * *`` -> ``*/15 * * * *``,
+    ``*/5 9-17 * * 1-5`` -> ``*/15 9-17 * * 1-5``; day fields are kept. A cron that fires
+    at most once per slot, one whose slots cannot be written as one cron, or a timezone
+    whose offset leaves the slot grid keeps ``cron`` (the schedule then skips the extra
+    fires, see :func:`first_fire_in_slot`). The due of every slot is unchanged either way.
+    """
+    if cron_cadence(cron, timezone).minutes >= slot_minutes:
+        return cron
+    if not _offsets_on_slot_grid(timezone, slot_minutes):
+        return cron
+    fields = cron.split()
+    (minutes, hours, *_), _nth = croniter.expand(cron)
+    minute_values = list(range(60)) if minutes == ["*"] else [int(m) for m in minutes]
+    hour_values = list(range(24)) if hours == ["*"] else [int(h) for h in hours]
+    starts = {
+        (h * 60 + m) // slot_minutes * slot_minutes for h in hour_values for m in minute_values
+    }
+    by_minute: dict[int, set[int]] = {}
+    for start in starts:
+        by_minute.setdefault(start % 60, set()).add(start // 60)
+    hour_sets = {frozenset(hs) for hs in by_minute.values()}
+    if len(hour_sets) != 1:
+        return cron  # not one minute-set x hour-set product: keep the declared cron
+    aligned_minutes = _cron_field(sorted(by_minute), range(60))
+    aligned_hours = _cron_field(sorted(next(iter(hour_sets))), range(24))
+    return " ".join([aligned_minutes, aligned_hours, *fields[2:]])

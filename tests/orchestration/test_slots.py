@@ -8,10 +8,12 @@ from orchestration.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, 
 from orchestration.slots import (
     cron_cadence,
     cron_effective_cadence,
+    cron_fire_times,
     first_fire_in_slot,
     floor_to_slot,
     format_due,
     parse_due,
+    slot_aligned_cron,
 )
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
@@ -144,3 +146,55 @@ def test_every_5_slots_skips_slots_off_its_grid():
     off_grid = decide_tick(plan, epoch_aligned + timedelta(minutes=15), 15)
     assert on_grid.skip_reason is None
     assert off_grid.skip_reason is not None and "every-5-slots grid" in off_grid.skip_reason
+
+
+# --- the cron a schedule fires on (issue 12: the Automation list tells the truth) -----------
+ALIGNED_CRONS = [
+    # (name, declared cron, slot minutes, timezone, cron the schedule fires on)
+    ("every_minute_on_15_minute_slots", "* * * * *", 15, "UTC", "*/15 * * * *"),
+    ("every_5_minutes_on_15_minute_slots", "*/5 * * * *", 15, "UTC", "*/15 * * * *"),
+    ("office_hours_keep_their_hours_and_days", "*/5 9-17 * * 1-5", 15, "UTC", "*/15 9-17 * * 1-5"),
+    ("a_range_inside_two_slots", "10-20 * * * *", 15, "UTC", "0,15 * * * *"),
+    ("every_minute_on_hourly_slots", "* * * * *", 60, "UTC", "0 * * * *"),
+    ("every_minute_on_two_hour_slots", "* * * * *", 120, "UTC", "0 */2 * * *"),
+    ("berlin_offsets_stay_on_the_15_minute_grid", "* * * * *", 15, "Europe/Berlin", "*/15 * * * *"),
+    (
+        "kathmandu_5_45_stays_on_the_15_minute_grid",
+        "* * * * *",
+        15,
+        "Asia/Kathmandu",
+        "*/15 * * * *",
+    ),
+    # Kept as declared: at most one fire per slot, or no single cron on the grid exists.
+    ("once_an_hour_is_not_finer_than_the_slot", "7 * * * *", 15, "UTC", "7 * * * *"),
+    ("one_minute_slots_change_nothing", "* * * * *", 1, "UTC", "* * * * *"),
+    ("kathmandu_5_45_is_off_the_hourly_grid", "* * * * *", 60, "Asia/Kathmandu", "* * * * *"),
+    ("ninety_minute_slots_would_need_two_crons", "0 * * * *", 90, "UTC", "0 * * * *"),
+]
+
+
+@pytest.mark.parametrize(
+    ("declared", "slot", "timezone", "expected"),
+    [case[1:] for case in ALIGNED_CRONS],
+    ids=[case[0] for case in ALIGNED_CRONS],
+)
+def test_a_cron_finer_than_the_slot_fires_on_the_slot_grid(declared, slot, timezone, expected):
+    assert slot_aligned_cron(declared, slot, timezone) == expected
+
+
+def test_an_aligned_cron_asks_for_the_same_dues_as_the_declared_one():
+    start = datetime(2026, 3, 27, tzinfo=UTC)  # across the EU DST change of 2026-03-29
+    end = start + timedelta(days=4)
+    for declared, slot, zone in [
+        ("* * * * *", 15, "Europe/Berlin"),
+        ("*/5 9-17 * * 1-5", 15, "UTC"),
+        ("10-20 * * * *", 15, "UTC"),
+        ("* * * * *", 120, "UTC"),
+    ]:
+        aligned = slot_aligned_cron(declared, slot, zone)
+        declared_dues = {
+            floor_to_slot(f, slot) for f in cron_fire_times(declared, zone, start, end)
+        }
+        aligned_fires = cron_fire_times(aligned, zone, start, end)
+        assert {floor_to_slot(f, slot) for f in aligned_fires} == declared_dues, declared
+        assert all(floor_to_slot(f, slot) == f for f in aligned_fires)  # fires at its due
