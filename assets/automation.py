@@ -44,6 +44,7 @@ class LifecycleConfig(dg.Config):
 
 @dg.asset(
     name="order_cleanup",
+    pool="order_cleanup",
     group_name="hosting_automation",
     output_required=False,
     description="Pending orders older than the configured age, cancelled as of the run's due.",
@@ -83,6 +84,7 @@ def order_cleanup(
 
 @dg.asset(
     name="service_lifecycle_maintenance",
+    pool="service_lifecycle_maintenance",
     group_name="hosting_automation",
     output_required=False,
     description="Services suspended at expiry and terminated after retention, as of the due.",

@@ -91,6 +91,7 @@ def _run_metadata(run: TaskRun) -> dict[str, Any]:
 
 @dg.asset(
     name="billing_maintenance",
+    pool="billing_maintenance",
     group_name=GROUP,
     partitions_def=DAILY_PARTITIONS,
     output_required=False,
@@ -167,6 +168,7 @@ def billing_maintenance(
 
 @dg.asset(
     name="service_auto_renew",
+    pool="service_auto_renew",
     group_name=GROUP,
     output_required=False,
     description=(
@@ -225,6 +227,7 @@ def service_auto_renew(
 
 @dg.asset(
     name="reconcile_account_balance",
+    pool="reconcile_account_balance",
     group_name=GROUP,
     output_required=False,
     description=(
@@ -262,6 +265,7 @@ def reconcile_account_balance(
 
 @dg.asset(
     name="ticket_auto_close",
+    pool="ticket_auto_close",
     group_name=GROUP,
     output_required=False,
     description="Tickets waiting on the customer for N days, closed as of the run's due.",
@@ -303,6 +307,7 @@ def ticket_auto_close(
 
 @dg.asset(
     name="log_archive",
+    pool="log_archive",
     group_name=GROUP,
     output_required=False,
     description=(

@@ -20,6 +20,7 @@ TASK_KEY = "ledger_health"
 
 @dg.asset(
     name=TASK_KEY,
+    pool=TASK_KEY,  # one run of the task at a time (DESIGN: overlap)
     group_name="ledger",
     output_required=False,
     description=(

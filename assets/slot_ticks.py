@@ -33,6 +33,7 @@ def build_slot_tick_asset(task_key: str, event: str) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=task_key,
+        pool=task_key,  # one run of the task at a time (DESIGN: overlap)
         group_name=GROUP,
         output_required=False,
         description=f"Fires the plugin hook event {event} once per slot (ledger-keyed).",

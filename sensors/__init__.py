@@ -3,6 +3,7 @@
 One module per sensor family; ``SENSORS`` is what the code location registers:
 
 - ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
+  it also creates the task pools (pools.py) that hold one run per task;
 - ``<task>_redispatch_sensor`` (outcomes.py): dispatch_failed -> re-dispatch in its slot;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
 - ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;

@@ -54,6 +54,7 @@ from resources.ledger import (
 )
 from sensors.audit import due_run_request
 from sensors.health import utc_now
+from sensors.pools import ensure_task_pools
 
 #: Re-dispatches of one due per slot (the ledger keeps the newest 5 dispatch failures, and
 #: the failure count numbers the re-dispatches, so at most 4 are possible).
@@ -477,7 +478,8 @@ def build_outcome_sensor(
     minimum_interval_seconds: int = 30,
 ) -> dg.SensorDefinition:
     """``ledger_outcome_sensor``: brings entries in line with runs Dagster ended FAILURE or
-    CANCELED without the run recording its outcome. Launches nothing."""
+    CANCELED without the run recording its outcome, and creates missing task pools
+    (``sensors/pools.py``). Launches nothing."""
 
     @dg.sensor(
         name="ledger_outcome_sensor",
@@ -493,6 +495,7 @@ def build_outcome_sensor(
     ) -> dg.SensorResult:
         now = clock()
         ledger.migrate()
+        ensure_task_pools(context.instance, views)
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
         )

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.instance_for_test import instance_for_test
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
@@ -50,6 +50,9 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.daemon import get_default_daemon_logger
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+    QueuedRunCoordinatorDaemon,
+)
 from dagster._daemon.sensor import execute_sensor_iteration
 from dagster._scheduler.scheduler import ScheduleIterationTimes, launch_scheduled_runs
 from dagster._utils.error import SerializableErrorInfo
@@ -438,7 +441,6 @@ def run_retry_iteration(
     safe because a run already retried is not retried again (``dagster/auto_retry_run_id``).
     Retry runs are submitted through the instance's run coordinator and launcher.
     """
-    from dagster import DagsterRunStatus, RunsFilter
 
     now_utc = _utc(now)
     instance = workspace_context.instance
@@ -532,6 +534,18 @@ def start_run_worker(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+
+
+def dequeue_iteration(workspace_context: WorkspaceProcessContext) -> list[str]:
+    """One pass of Dagster's run queue daemon (QueuedRunCoordinatorDaemon): launches the
+    queued runs its limits allow -- ``concurrency.runs`` and pools -- and returns the ids
+    of the runs it launched. The instance needs the QueuedRunCoordinator."""
+    instance = workspace_context.instance
+    queued = {r.run_id for r in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED]))}
+    daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+    list(daemon.run_iteration(workspace_context))
+    still = {r.run_id for r in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED]))}
+    return sorted(queued - still)
 
 
 def write_daemon_heartbeat(

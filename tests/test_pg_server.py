@@ -368,11 +368,18 @@ def test_local_dagster_yaml_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with dg.DagsterInstance.get() as instance:
         coordinator = instance.run_coordinator
         assert isinstance(coordinator, dg.QueuedRunCoordinator)
-        queue = coordinator.get_run_queue_config()
+        # The daemon reads the queue's limits from the instance's `concurrency` block.
+        concurrency = instance.get_concurrency_config()
+        queue = concurrency.run_queue_config
+        assert queue is not None
         assert queue.max_concurrent_runs == 4
         assert [
             (limit["key"], limit["value"], limit["limit"]) for limit in queue.tag_concurrency_limits
         ] == [("dueledger/task", {"applyLimitPerUniqueValue": True}, 1)]
+        # One run per task pool whatever tags a run carries (UI launches, backfills).
+        assert concurrency.pool_config.default_pool_limit == 1
+        assert concurrency.pool_config.pool_granularity is not None
+        assert concurrency.pool_config.pool_granularity.value == "run"
         assert instance.run_monitoring_enabled
         assert instance.run_monitoring_start_timeout_seconds == 180
         assert instance.run_monitoring_max_runtime_seconds == 0

@@ -45,10 +45,16 @@ def test_the_deploy_config_stores_runs_in_postgres(deploy_home: Path, pg_server:
         assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
         assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-        limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits  # type: ignore[attr-defined]
-        assert limits == [
+        # The daemon reads the queue's limits from the instance's `concurrency` block.
+        concurrency = instance.get_concurrency_config()
+        assert concurrency.run_queue_config is not None
+        assert concurrency.run_queue_config.tag_concurrency_limits == [
             {"key": "dueledger/task", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         ]
+        # One run per task pool whatever tags a run carries (UI launches, backfills).
+        assert concurrency.pool_config.default_pool_limit == 1
+        assert concurrency.pool_config.pool_granularity is not None
+        assert concurrency.pool_config.pool_granularity.value == "run"
         assert instance.run_monitoring_enabled
         assert instance.run_retries_enabled
         assert instance.run_retries_max_retries == 0

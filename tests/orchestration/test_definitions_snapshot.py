@@ -64,7 +64,8 @@ EXPECTED = {
         "timezone": "UTC",
         "effective_cadence": "every 15 minutes",
     },
-    # Plugin slot events (issue 6): the legacy crons stay, effective once per slot.
+    # Plugin slot events (issue 6): a legacy cron finer than the slot fires on the slot grid
+    # (issue 12: the Automation list, "Next tick" and the timeline show what runs).
     "tick_every_slot": {
         "job": "tick_every_slot_job",
         "schedule": "tick_every_slot_schedule",
@@ -75,14 +76,14 @@ EXPECTED = {
     "tick_every_minute": {
         "job": "tick_every_minute_job",
         "schedule": "tick_every_minute_schedule",
-        "cron": "* * * * *",
+        "cron": "*/15 * * * *",
         "timezone": "UTC",
         "effective_cadence": "every 15 minutes",
     },
     "tick_every_five_minutes": {
         "job": "tick_every_five_minutes_job",
         "schedule": "tick_every_five_minutes_schedule",
-        "cron": "*/5 * * * *",
+        "cron": "*/15 * * * *",
         "timezone": "UTC",
         "effective_cadence": "every 15 minutes",
     },
@@ -108,6 +109,15 @@ def test_tasks_jobs_schedules_crons_and_cadences_match_the_snapshot():
             "effective_cadence": metadata["dueledger/effective_cadence"].value,
         }
     assert actual == EXPECTED
+
+
+def test_every_task_asset_is_in_its_tasks_pool_so_any_launch_waits_its_turn():
+    # Regression (issue 12): UI launches and asset backfills carry no dueledger/task, so the
+    # run queue's tag limit did not hold for them; pools do not depend on tags.
+    for key in EXPECTED:
+        job = defs.resolve_job_def(f"{key}_job")
+        pools = {node.definition.pool for node in job.graph.node_dict.values()}
+        assert pools == {key}
 
 
 def test_every_task_job_tags_its_runs_for_the_ledger_and_the_queue():
