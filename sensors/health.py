@@ -104,17 +104,18 @@ _TOTALS: Final = {
     "queued": "queued",
     "retrying": "retrying",
 }
+#: Problems first: the UI's inline table view shows only the first few columns.
 TASK_COLUMNS: Final = (
     "task_key",
-    "missed_slot_policy",
-    "active",
-    "stale",
     "failed_24h",
-    "success_24h",
-    "manual_retry_24h",
     "dispatch_failed_24h",
     "missed_24h",
+    "stale",
+    "active",
+    "success_24h",
+    "manual_retry_24h",
     "last_success_at",
+    "missed_slot_policy",
 )
 
 
@@ -201,6 +202,7 @@ def ledger_summary(
     return {
         **{name: int(counts[key]) for name, key in _TOTALS.items()},
         "missed_24h": sum(len(a.missed) for a in audits.values()),
+        "attention": attention_rows(by_task.values(), now, since),
         "as_of": iso(now),
         "window_hours": int(window.total_seconds() // 3600),
         "tasks": rows,
@@ -213,6 +215,69 @@ def ledger_summary(
             ),
         },
     }
+
+
+#: Entries listed under "needs attention" (newest first), and the table's columns.
+ATTENTION_ROWS: Final = 10
+ATTENTION_COLUMNS: Final = ("entry_id", "task_key", "status", "updated_at", "run_id", "error")
+
+
+def attention_rows(
+    entries_by_task: Iterable[Iterable[Entry]], now: datetime, since: datetime
+) -> list[dict[str, Any]]:
+    """The newest failed, dispatch_failed and stale entries of the window, one row each, with
+    the run to open and the Runs-page filter that lists every run of the entry."""
+    rows = []
+    for entries in entries_by_task:
+        for e in entries:
+            stale = (
+                e.status == t.STATUS_RUNNING
+                and e.lease_expires_at is not None
+                and e.lease_expires_at < now
+            )
+            failed = e.status in (t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED) and _after(
+                e.updated_at, since
+            )
+            if not (stale or failed):
+                continue
+            failures = e.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+            runs = [*e.run_ids, *(str(f["run_id"]) for f in failures if f.get("run_id"))]
+            rows.append(
+                {
+                    "entry_id": e.id,
+                    "task_key": e.task_key,
+                    "status": "stale" if stale else e.status,
+                    "failure_kind": e.failure_kind or "",
+                    "dedup_key": e.dedup_key,
+                    "updated_at": iso(e.updated_at),
+                    "run_id": runs[-1] if runs else None,
+                    "error": _first_line(e.error or ""),
+                    "runs_path": t.entry_runs_path(e.id),
+                }
+            )
+    rows.sort(key=lambda r: (r["updated_at"] or "", r["entry_id"]), reverse=True)
+    return rows[:ATTENTION_ROWS]
+
+
+def _attention_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not rows:
+        return ["", "**Needs attention**: nothing failed, stale or dispatch-failed."]
+    lines = [
+        "",
+        "**Needs attention** (newest first; `dueledger runs show ID` for the whole entry)",
+        "",
+        "| entry | task | status | when | latest run | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        run = f"[{r['run_id'][:8]}]({t.run_path(r['run_id'])})" if r["run_id"] else ""
+        status = r["status"] + (f" ({r['failure_kind']})" if r["failure_kind"] else "")
+        error = r["error"].replace("|", "\\|")[:120]
+        lines.append(
+            f"| [{r['entry_id']}]({r['runs_path']}) | {r['task_key']} | {status} | "
+            f"{r['updated_at']} | {run} | {error} |"
+        )
+    return lines
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
@@ -245,6 +310,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
     if missed:
         lines += ["", "**Missed dues**", ""]
         lines += [f"- `{key}`: {', '.join(dues)}" for key, dues in missed]
+    lines += _attention_markdown(summary.get("attention", []))
     return "\n".join(lines)
 
 
@@ -261,9 +327,17 @@ def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
         for row in summary["tasks"]
     ]
     numbers = {k: int(summary[k]) for k in (*_TOTALS, "missed_24h")}
+    attention = [
+        dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
+        for row in summary.get("attention", [])
+    ]
     return {
         **numbers,
         "as_of": summary["as_of"],
+        "needs_attention": dg.MetadataValue.table(
+            records=attention,
+            schema=dg.TableSchema(columns=[dg.TableColumn(c, "string") for c in ATTENTION_COLUMNS]),
+        ),
         "per_task": dg.MetadataValue.table(records=records, schema=schema),
         "report": dg.MetadataValue.md(summary_markdown(summary)),
     }

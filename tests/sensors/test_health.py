@@ -16,7 +16,7 @@ from sensor_support import fixture_module
 
 from orchestration import tags as t
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
-from sensors.health import build_slot_health_sensor, ledger_summary
+from sensors.health import build_slot_health_sensor, ledger_summary, summary_markdown
 
 NOW = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(hours=24)
@@ -143,6 +143,24 @@ def test_per_task_rows_add_up_to_the_summary_totals(ledger):
         assert sum(row[key] for row in summary["tasks"]) == summary[key], key
 
 
+def test_needs_attention_lists_the_newest_failed_stale_and_dispatch_failed_entries(ledger):
+    build_ledger(ledger)
+    summary = ledger_summary(ledger, views(), NOW)
+    rows = [(r["status"], r["failure_kind"], r["run_id"]) for r in summary["attention"]]
+    assert rows == [
+        (t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED, "run-reclaimed"),  # 22:40
+        (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH, "run-x"),  # 20:46
+        ("stale", "", "run-stale"),  # claimed 20:30, lease expired
+        (t.STATUS_FAILED, t.FAILURE_ERROR, "run-failed"),  # 20:16
+    ]
+    report = summary_markdown(summary)
+    failed = next(r for r in summary["attention"] if r["run_id"] == "run-failed")
+    # Links to the run and to every run of the entry (the Runs page's tag filter).
+    assert f"[run-fail]({t.run_path('run-failed')})" in report
+    assert f"[{failed['entry_id']}]({t.entry_runs_path(failed['entry_id'])})" in report
+    assert "RuntimeError: boom" in report
+
+
 def test_an_empty_ledger_is_all_zero_and_audits_nothing(ledger):
     summary = ledger_summary(ledger, views(), NOW)
     assert {k: summary[k] for k in COUNTED} == dict.fromkeys(COUNTED, 0)
@@ -168,6 +186,8 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
     assert isinstance(table, dg.TableMetadataValue) and isinstance(report, dg.MarkdownMetadataValue)
     assert "ledger_health" in [r.data["task_key"] for r in table.records]
     assert "Ledger health as of 2026-11-30T23:00:00Z" in (report.md_str or "")
+    assert "Needs attention" in (report.md_str or "")
+    assert isinstance(metadata["needs_attention"], dg.TableMetadataValue)
     entry = RunLedger(database_url=ledger_url).find("ledger_health", f"due:{due}")
     assert entry is not None and entry.status == t.STATUS_SUCCESS
 
