@@ -2,8 +2,9 @@
 # README command #2 (CI runs exactly this, through .ci/run): the whole suite.
 #   ./scripts/test.sh [pytest args...]          e.g. ./scripts/test.sh tests/orchestration -q
 # Bootstraps uv if missing, installs the locked environment, installs the PostgreSQL server
-# from Debian packages when it is missing and we are root, then runs ruff (lint + format
-# check), mypy and pytest. Every step runs; the exit status is non-zero if any failed.
+# and chromium (browser tests) from Debian packages when they are missing and we are root,
+# then runs ruff (lint + format check), mypy and pytest. Every step runs; the exit status
+# is non-zero if any failed.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,20 @@ if ! "${UV[@]}" run --frozen python tests/pg_server.py bindir >/dev/null; then
   else
     echo "==> warning: PostgreSQL server binaries not found and not root: the postgres" \
       "tests will fail (install postgresql, or deselect them with -m 'not postgres')" >&2
+  fi
+fi
+
+# The browser tests (tests/browser) drive the Dagster UI with Playwright and Debian's
+# chromium (Playwright's own browser download cannot work here). Install it here, not from
+# inside the tests, when we can; without it those tests fail saying so.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> chromium not found: installing it (apt-get install chromium)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update </dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y chromium </dev/null
+  else
+    echo "==> warning: chromium not found and not root: the browser tests will fail" \
+      "(install chromium, or deselect them with -m 'not browser')" >&2
   fi
 fi
 
