@@ -136,4 +136,3 @@ def test_other_tasks_are_not_held_back_by_a_busy_pool(ctx: Any) -> None:
         by_job[run.job_name] = by_job.get(run.job_name, 0) + 1
     assert by_job[f"{TASK}_job"] == 1
     assert len(by_job) > 1 and set(by_job.values()) == {1}
-
