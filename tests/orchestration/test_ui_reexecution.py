@@ -75,45 +75,31 @@ class Harness:
         """A scheduled-looking run of ``task`` (launchpad tags); executes synchronously."""
         all_tags = {t.TAG_TASK: task, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
         all_tags.update(tags or {})
-        result = execute_query(
-            self.ctx,
-            LAUNCH_MUTATION,
-            {
-                "params": {
-                    "selector": {
-                        "repositoryLocationName": LOCATION,
-                        "repositoryName": "__repository__",
-                        "jobName": f"{task}_job",
-                    },
-                    "executionMetadata": {
-                        "tags": [{"key": k, "value": v} for k, v in all_tags.items()]
-                    },
-                }
-            },
-        )
-        payload = result["data"]["launchRun"]
-        assert payload["__typename"] == "LaunchRunSuccess", result
-        return str(payload["run"]["runId"])
+        return self._launch_run(f"{task}_job", all_tags)
 
     def launch_from_ui(
         self, task: str, job_name: str | None = None, assets: list[str] | None = None
     ) -> str:
         """Exactly what the launchpad sends: the job and ``dagster/from_ui``, no other tag
         (Dagster 1.13's ``launchRun`` does not apply the job's run tags either)."""
+        return self._launch_run(job_name or f"{task}_job", {"dagster/from_ui": "true"}, assets)
+
+    def _launch_run(
+        self, job_name: str, tags: Mapping[str, str], assets: list[str] | None = None
+    ) -> str:
+        """GraphQL ``launchRun``, the UI's own mutation; the run executes synchronously."""
+        selector: dict[str, Any] = {
+            "repositoryLocationName": LOCATION,
+            "repositoryName": "__repository__",
+            "jobName": job_name,
+        }
+        if assets:
+            selector["assetSelection"] = [{"path": [a]} for a in assets]
+        tag_list = [{"key": k, "value": v} for k, v in tags.items()]
         result = execute_query(
             self.ctx,
             LAUNCH_MUTATION,
-            {
-                "params": {
-                    "selector": {
-                        "repositoryLocationName": LOCATION,
-                        "repositoryName": "__repository__",
-                        "jobName": job_name or f"{task}_job",
-                        **({"assetSelection": [{"path": [a]} for a in assets]} if assets else {}),
-                    },
-                    "executionMetadata": {"tags": [{"key": "dagster/from_ui", "value": "true"}]},
-                }
-            },
+            {"params": {"selector": selector, "executionMetadata": {"tags": tag_list}}},
         )
         payload = result["data"]["launchRun"]
         assert payload["__typename"] == "LaunchRunSuccess", result
