@@ -69,6 +69,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "pg_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+    # The browser suite runs last. Its session-wide Playwright (sync API) keeps an asyncio
+    # loop running on the main thread until the session ends, and every later
+    # `asyncio.run` -- dagster-graphql's execute_query, which other tests call -- would fail
+    # with "cannot be called from a running event loop".
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
 
 @pytest.fixture(scope="session", autouse=True)
