@@ -23,8 +23,8 @@ from assets.services import (
 )
 from orchestration.registry import require_task
 from orchestration.runtime import task_run
-from orchestration.slots import format_due
 from orchestration.tasks import TASKS
+from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     CHANNELS,
     SERVICE_ACTIVE,
     customers,

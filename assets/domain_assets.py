@@ -37,8 +37,8 @@ from assets.tickets import candidate_tickets_query, close_tickets, select_ticket
 from orchestration.factory import DAILY_PARTITIONS
 from orchestration.registry import require_task
 from orchestration.runtime import TaskRun, task_run
-from orchestration.slots import format_due
 from orchestration.tasks import TASKS
+from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.notifier import (

@@ -22,8 +22,8 @@ from assets.billing import ReminderPolicy
 from assets.log_archive import ARCHIVE_FORMAT, ArchivePolicy
 from assets.renewals import AutoRenewPolicy
 from assets.tickets import TicketAutoClosePolicy
-from orchestration.settings import load_settings
-from resources.source_store import CHANNELS
+from resources.core.settings import load_settings
+from resources.source_schema import CHANNELS
 
 _T = TypeVar("_T")
 
@@ -149,3 +149,9 @@ class DomainRules(dg.ConfigurableResource):
                 format=self.archive_format,
             ),
         )
+
+
+def domain_resources() -> dict[str, dg.ConfigurableResource]:
+    """The domain's resources: its business rules with the seed's defaults, validated here,
+    at definition load."""
+    return {"rules": DomainRules()}

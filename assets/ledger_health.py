@@ -1,9 +1,10 @@
 """``ledger_health``: the run ledger's health as an asset, materialized every slot.
 
 A task like any other (claimed through ``orchestration.runtime.task_run``, so a late or
-duplicate run does nothing); its body computes ``sensors.health.ledger_summary`` as of the
-run's due and reports it as metadata: the summary numbers, a per-task table and a Markdown
-report, so the Dagster UI shows the ledger's health next to the assets.
+duplicate run does nothing); its body computes
+``orchestration.services.summary.ledger_summary`` as of the run's due and reports it as
+metadata: the summary numbers, a per-task table and a Markdown report, so the Dagster UI
+shows the ledger's health next to the assets.
 """
 
 import dagster as dg
@@ -11,9 +12,9 @@ import dagster as dg
 from orchestration.catalog import task_views
 from orchestration.registry import require_task
 from orchestration.runtime import task_run
+from orchestration.services.summary import ledger_summary, summary_metadata
 from orchestration.tasks import TASKS
 from resources.ledger import RunLedger
-from sensors.health import ledger_summary, summary_metadata
 
 TASK_KEY = "ledger_health"
 

@@ -36,7 +36,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from resources.idempotency import log_archives, notification_outbox
-from resources.source_store import automation_log, chunks, naive_utc, read_frame_from
+from resources.source_schema import automation_log, chunks, naive_utc, read_frame_from
 
 ARCHIVE_FORMAT: Final = "csv.gz"
 ARCHIVE_FORMATS: Final = (ARCHIVE_FORMAT,)

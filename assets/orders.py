@@ -14,14 +14,14 @@ from typing import Any, Final
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     ORDER_CANCELLED,
     ORDER_PENDING,
     naive_utc,
     naive_utc_series,
     orders,
-    update_and_log,
 )
+from resources.source_store import update_and_log
 
 ACTION_CANCEL: Final = "cancel"
 OBJECT_ORDER: Final = "order"

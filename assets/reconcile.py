@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import customers, invoices, payments
+from resources.source_schema import customers, invoices, payments
 
 KIND_BALANCE: Final = 0
 KIND_PAYMENT: Final = 1

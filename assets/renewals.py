@@ -38,7 +38,7 @@ from resources.idempotency import (
     records,
     settle_effects,
 )
-from resources.source_store import (
+from resources.source_schema import (
     SERVICE_ACTIVE,
     automation_log,
     chunks,

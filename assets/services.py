@@ -14,15 +14,15 @@ from typing import Any, Final
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     SERVICE_ACTIVE,
     SERVICE_SUSPENDED,
     SERVICE_TERMINATED,
     naive_utc,
     naive_utc_series,
     services,
-    update_and_log,
 )
+from resources.source_store import update_and_log
 
 ACTION_SUSPEND: Final = "suspend"
 ACTION_TERMINATE: Final = "terminate"

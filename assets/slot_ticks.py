@@ -14,8 +14,8 @@ import dagster as dg
 from orchestration import hooks
 from orchestration.registry import require_task
 from orchestration.runtime import fire_task_event, task_run
-from orchestration.slots import format_due
 from orchestration.tasks import TASKS
+from resources.core.slots import format_due
 from resources.ledger import RunLedger
 
 GROUP = "dueledger_hooks"

@@ -14,14 +14,14 @@ from typing import Any, Final
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     TICKET_CLOSED,
     TICKET_WAITING_CUSTOMER,
     naive_utc,
     naive_utc_series,
     tickets,
-    update_and_log,
 )
+from resources.source_store import update_and_log
 
 ACTION_AUTO_CLOSE: Final = "auto_close"
 OBJECT_TICKET: Final = "ticket"

@@ -53,7 +53,7 @@ from _paths import ROOT  # first: puts the project and tests/ on sys.path
 import psycopg2
 import sqlalchemy as sa
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import RunLedger, dedup_key_for_request
 
 TTL = timedelta(minutes=5)

@@ -51,7 +51,7 @@ from _paths import ROOT  # first: puts the project and tests/ on sys.path
 
 import sqlalchemy as sa
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import RunLedger
 from resources.ledger_schema import entries
 

@@ -50,7 +50,7 @@ import sqlalchemy as sa
 from ledger_queries import SLOT, START, TASKS, build, capture_sql, explain, plan_problems
 from run import Row, write_json
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import RunLedger
 from resources.ledger_schema import entries
 

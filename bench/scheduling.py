@@ -60,9 +60,9 @@ from dagster_internals import (
 from run import Row, write_json
 
 from orchestration import hooks
-from orchestration import tags as t
 from orchestration.factory import build_task_definitions
 from orchestration.registry import EverySlots, TaskSpec, build_views
+from resources.core import tags as t
 
 VARIANTS = ("plain", "dueledger")
 SLOT_MINUTES = 15

@@ -10,10 +10,9 @@ import os
 
 import dagster as dg
 
-from assets.domain_config import DomainRules
 from orchestration.registry import TaskView, build_views
-from orchestration.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
 from orchestration.tasks import TASKS
+from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore
@@ -26,7 +25,8 @@ def task_views(settings: Settings | None = None) -> list[TaskView]:
 
 
 def build_resources(settings: Settings | None = None) -> dict[str, dg.ConfigurableResource]:
-    """The resources every task asset uses.
+    """The platform's resources: ledger, source store, notifier (the domain adds its
+    business rules, ``assets.domain_config.domain_resources``).
 
     Database URLs given through the environment stay ``dg.EnvVar`` references, so a
     production password never appears in the UI's resource config; the local default is
@@ -45,6 +45,4 @@ def build_resources(settings: Settings | None = None) -> dict[str, dg.Configurab
         # Notifications go to the source store's outbox by default (a relay delivers
         # them); swap in resources.notifier.SmtpNotifier(...) to send email directly.
         "notifier": OutboxNotifier(),
-        # Business rules with the seed's defaults; validated here, at definition load.
-        "rules": DomainRules(),
     }

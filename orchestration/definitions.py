@@ -8,11 +8,12 @@ import dagster as dg
 
 from assets.automation import TASK_ASSETS
 from assets.domain_assets import DOMAIN_ASSETS
+from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import build_resources, task_views
 from orchestration.factory import build_task_definitions
-from orchestration.settings import load_settings
+from resources.core.settings import load_settings
 from sensors import SENSORS
 
 _settings = load_settings()
@@ -23,5 +24,5 @@ defs = dg.Definitions(
     jobs=_jobs,
     schedules=_schedules,
     sensors=SENSORS,
-    resources=build_resources(_settings),
+    resources={**build_resources(_settings), **domain_resources()},
 )

@@ -12,7 +12,6 @@ from typing import Any
 import dagster as dg
 
 from orchestration import hooks
-from orchestration import tags as t
 from orchestration.registry import (
     DAILY_PARTITIONS_START,
     TaskView,
@@ -20,6 +19,7 @@ from orchestration.registry import (
     partition_key_for,
     task_run_tags,
 )
+from resources.core import tags as t
 
 #: The partitions of every task declared with ``partitions="daily"``: UTC days. The
 #: current day exists from its first instant on (end_offset=1), so the schedule's run for

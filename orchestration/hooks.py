@@ -50,7 +50,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from orchestration import tags as t
+from resources.core import tags as t
 
 # --- events -------------------------------------------------------------------------------
 BEFORE_TASK_CREATE: Final = "before_task_create"

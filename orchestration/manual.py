@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import dagster as dg
 
 from orchestration import hooks
-from orchestration import tags as t
-from orchestration.errors import InvalidInput, Refused
 from orchestration.registry import TaskSpec, find_task, task_run_tags
-from orchestration.settings import PROJECT_ROOT
+from resources.core import tags as t
+from resources.core.errors import InvalidInput, Refused
+from resources.core.settings import PROJECT_ROOT
 from resources.ledger import RunLedger, dedup_key_for_request
 
 #: Namespace for run ids of manual launches (uuid5 of task key and request id).

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from orchestration.settings import ENV_OPERATORS, SettingsError
+from resources.core.settings import ENV_OPERATORS, SettingsError
 
 ROLE_VIEWER: Final = "viewer"
 ROLE_RETRIER: Final = "retrier"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from orchestration.slots import (
+from resources.core.slots import (
     Cadence,
     as_utc,
     cron_cadence,
@@ -25,7 +25,7 @@ from orchestration.slots import (
     slot_aligned_cron,
     slot_index,
 )
-from orchestration.tags import DAGSTER_MAX_RETRIES, DAGSTER_MAX_RUNTIME, TAG_TASK
+from resources.core.tags import DAGSTER_MAX_RETRIES, DAGSTER_MAX_RUNTIME, TAG_TASK
 
 STRICT_CURRENT_SLOT = "strict_current_slot"
 CATCH_UP = "catch_up"

@@ -40,8 +40,6 @@ from typing import Any, Final, Protocol
 
 import dagster as dg
 
-from orchestration import tags as t
-from orchestration.errors import InvalidInput, Refused
 from orchestration.manual import LaunchFailed
 from orchestration.operators import (
     ROLE_ADMIN,
@@ -53,7 +51,9 @@ from orchestration.operators import (
     operators_from_env,
 )
 from orchestration.registry import TaskSpec, find_task, task_run_tags
-from orchestration.settings import PROJECT_ROOT
+from resources.core import tags as t
+from resources.core.errors import InvalidInput, Refused
+from resources.core.settings import PROJECT_ROOT
 from resources.ledger import Entry, RunLedger, dedup_key_for_retry
 
 ACTION_MANUAL_RETRY: Final = "manual_retry"

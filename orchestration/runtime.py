@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 import dagster as dg
 
 from orchestration import hooks
-from orchestration import tags as t
 from orchestration.operators import UI_OPERATOR
 from orchestration.registry import TaskSpec, find_task
 from orchestration.retry import (
@@ -25,9 +24,11 @@ from orchestration.retry import (
     retry_for_ui_reexecution,
     unrecorded_retry_refusal,
 )
-from orchestration.settings import load_settings
-from orchestration.slots import floor_to_slot, format_due, parse_due
+from orchestration.services.alerts import emit_alert
 from orchestration.tasks import TASKS
+from resources.core import tags as t
+from resources.core.settings import load_settings
+from resources.core.slots import floor_to_slot, format_due, parse_due
 from resources.ledger import (
     Entry,
     RunLedger,
@@ -323,8 +324,6 @@ def settle_parent_of_automatic_retry(
     parent = context.instance.get_run_record_by_id(parent_id)
     if parent is None or parent.dagster_run.status != dg.DagsterRunStatus.FAILURE:
         return entry
-    from sensors.outcomes import run_timed_out  # sensors import this module
-
     kind = t.FAILURE_TIMEOUT if run_timed_out(parent, "") else t.FAILURE_ERROR
     return ledger.fail(
         entry.id,
@@ -506,9 +505,6 @@ def _end_unsupported(
     if claim.claimed:
         # unsupported_task is final in the ledger, whatever attempts the entry has left.
         after = ledger.fail(entry.id, run_id, error=message, kind=t.FAILURE_UNSUPPORTED_TASK)
-        # Imported here: sensors build on this module (the alert format lives with them).
-        from sensors.health import emit_alert
-
         emit_alert(
             context.log,
             t.FAILURE_UNSUPPORTED_TASK,
@@ -639,3 +635,16 @@ def task_run(
         )
         raise dg.Failure(message)
     fire_task_event(context, ledger, hooks.TASK_AFTER, claimed, as_of, status=t.STATUS_SUCCESS)
+
+
+def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:
+    """Run monitoring ended the run for exceeding ``dagster/max_runtime``."""
+    if "maximum runtime" in message.lower():
+        return True
+    if record is None or record.start_time is None or record.end_time is None:
+        return False
+    limit = record.dagster_run.tags.get(t.DAGSTER_MAX_RUNTIME)
+    try:
+        return limit is not None and record.end_time - record.start_time >= float(limit)
+    except ValueError:
+        return False

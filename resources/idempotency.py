@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     chunks,
     metadata,
     naive_utc,

@@ -52,9 +52,9 @@ from pydantic import Field, PrivateAttr
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from orchestration import tags
-from orchestration.settings import ENV_DATABASE_URL, load_settings
-from orchestration.slots import DUE_FORMAT, parse_due
+from resources.core import tags
+from resources.core.settings import ENV_DATABASE_URL, load_settings
+from resources.core.slots import DUE_FORMAT, parse_due
 from resources.ledger_schema import VERSION_TABLE, audit, entries
 
 # --- vocabulary ---------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class UnknownEntryError(ValueError):
 def format_due(dt: datetime) -> str:
     """The contract's due string ``YYYY-MM-DDTHH:MM:SSZ`` of an aware datetime.
 
-    Stricter than ``orchestration.slots.format_due`` (same format): the ledger refuses a
+    Stricter than ``resources.core.slots.format_due`` (same format): the ledger refuses a
     naive datetime instead of assuming it is UTC, because a wrong due is a wrong key.
     """
     return _require_aware(dt, "due").astimezone(UTC).strftime(DUE_FORMAT)
@@ -694,7 +694,7 @@ class RunLedger(dg.ConfigurableResource):
         default=None,
         description=(
             "SQLAlchemy URL of the ledger database (sqlite:/// or postgresql+psycopg2://). "
-            f"None: orchestration.settings decides ({ENV_DATABASE_URL}, else a SQLite file "
+            f"None: resources.core.settings decides ({ENV_DATABASE_URL}, else a SQLite file "
             "under DAGSTER_HOME)."
         ),
     )

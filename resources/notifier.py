@@ -48,7 +48,7 @@ from resources.idempotency import (
     records,
     settle_effects,
 )
-from resources.source_store import naive_utc
+from resources.source_schema import naive_utc
 
 #: What a message frame must carry: the idempotency key plus what to send to whom.
 MESSAGE_COLUMNS: Final = (*KEY_COLUMNS, "customer_id", "recipient", "subject", "body")

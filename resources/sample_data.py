@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pandas as pd
 import sqlalchemy as sa
 
-from resources.source_store import (
+from resources.source_schema import (
     CHANNELS,
     ORDER_CANCELLED,
     ORDER_PAID,
@@ -32,9 +32,9 @@ from resources.source_store import (
     TICKET_CLOSED,
     TICKET_OPEN,
     TICKET_WAITING_CUSTOMER,
-    create_schema,
     naive_utc,
 )
+from resources.source_store import create_schema
 
 HOUR: Final = 3600
 DAY: Final = 24 * HOUR

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from orchestration.catalog import task_views
 from orchestration.registry import CATCH_UP, TaskView
+from orchestration.services.alerts import utc_now
 from sensors.audit import build_catch_up_sensor
-from sensors.health import build_slot_health_sensor, utc_now
+from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor, build_redispatch_sensor
 from sensors.reclaim import build_reclaim_sensor
 
@@ -51,8 +53,6 @@ def build_sensors(
 
 def __getattr__(name: str) -> Any:
     if name == "SENSORS":
-        from orchestration.catalog import task_views
-
         value = build_sensors(task_views())
         globals()["SENSORS"] = value
         return value

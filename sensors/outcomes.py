@@ -39,10 +39,11 @@ from typing import Any, Final, Literal
 
 import dagster as dg
 
-from orchestration import tags as t
 from orchestration.registry import TaskView, task_keys_of_run
-from orchestration.runtime import entry_request_from_tags
-from orchestration.slots import floor_to_slot, format_due
+from orchestration.runtime import entry_request_from_tags, run_timed_out
+from orchestration.services.alerts import utc_now
+from resources.core import tags as t
+from resources.core.slots import floor_to_slot, format_due
 from resources.ledger import (
     DEFAULT_MAX_ATTEMPTS,
     DISPATCHABLE_STATUSES,
@@ -53,7 +54,6 @@ from resources.ledger import (
     dedup_key_for_due,
 )
 from sensors.audit import due_run_request
-from sensors.health import utc_now
 from sensors.pools import ensure_task_pools
 
 #: Re-dispatches of one due per slot (the ledger keeps the newest 5 dispatch failures, and
@@ -227,19 +227,6 @@ def _launch_error(instance: dg.DagsterInstance, run_id: str) -> str:
         if text:
             return text
     return ""
-
-
-def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:
-    """Run monitoring ended the run for exceeding ``dagster/max_runtime``."""
-    if "maximum runtime" in message.lower():
-        return True
-    if record is None or record.start_time is None or record.end_time is None:
-        return False
-    limit = record.dagster_run.tags.get(t.DAGSTER_MAX_RUNTIME)
-    try:
-        return limit is not None and record.end_time - record.start_time >= float(limit)
-    except ValueError:
-        return False
 
 
 def attributed_tags(run: dg.DagsterRun, views: Sequence[TaskView]) -> list[Mapping[str, str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from processes import start_group, stop_group
 
-from orchestration.settings import PROJECT_ROOT
+from resources.core.settings import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from assets.automation import order_cleanup, service_lifecycle_maintenance
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 

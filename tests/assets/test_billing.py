@@ -26,8 +26,8 @@ from assets.billing import (
 )
 from assets.domain_assets import billing_maintenance
 from assets.domain_config import DomainRules
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, OutboxNotifier, dispatch_notifications

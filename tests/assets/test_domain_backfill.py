@@ -18,9 +18,9 @@ from dagster_internals import CodeTarget, daemon_instance, daemon_workspace, run
 
 from assets.domain_assets import billing_maintenance
 from assets.domain_config import DomainRules
-from orchestration import tags as t
 from orchestration.definitions import defs
 from orchestration.registry import Cron, TaskSpec, TaskSpecError, partition_key_for, validate_spec
+from resources.core import tags as t
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore, create_schema

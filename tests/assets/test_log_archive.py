@@ -22,9 +22,9 @@ from assets.log_archive import (
     verify_archive,
     write_archive,
 )
-from orchestration import tags as t
-from orchestration.slots import format_due
 from orchestration.tasks import TASKS
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema

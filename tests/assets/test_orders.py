@@ -17,14 +17,8 @@ from assets.orders import (
     candidate_orders_query,
     select_orders_to_cancel,
 )
-from resources.source_store import (
-    automation_log,
-    create_schema,
-    customers,
-    make_engine,
-    orders,
-    read_frame_from,
-)
+from resources.source_schema import automation_log, customers, orders, read_frame_from
+from resources.source_store import create_schema, make_engine
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 DAY_OLD = AS_OF - timedelta(hours=24)

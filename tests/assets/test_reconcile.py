@@ -17,10 +17,11 @@ from assets.reconcile import (
     movements_query,
     reconcile_balances,
 )
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.ledger import RunLedger
-from resources.source_store import SourceStore, create_schema, read_frame_from
+from resources.source_schema import read_frame_from
+from resources.source_store import SourceStore, create_schema
 
 AS_OF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from assets.domain_assets import reconcile_account_balance, service_auto_renew
 from assets.domain_config import DomainRules
 from assets.renewals import AutoRenewPolicy, apply_auto_renew, plan_auto_renew
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine

@@ -18,14 +18,8 @@ from assets.services import (
     candidate_services_query,
     plan_lifecycle,
 )
-from resources.source_store import (
-    automation_log,
-    create_schema,
-    customers,
-    make_engine,
-    read_frame_from,
-    services,
-)
+from resources.source_schema import automation_log, customers, read_frame_from, services
+from resources.source_store import create_schema, make_engine
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 SECOND = timedelta(seconds=1)

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from assets.domain_assets import ticket_auto_close
 from assets.domain_config import DomainRules
 from assets.tickets import TicketAutoClosePolicy, close_tickets, select_tickets_to_close
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 

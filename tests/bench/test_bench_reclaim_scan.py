@@ -8,7 +8,7 @@ import reclaim_scan
 import sqlalchemy as sa
 from run import KIND_CHECK, read_json
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import RunLedger
 from resources.ledger_schema import entries
 

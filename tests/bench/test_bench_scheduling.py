@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 import scheduling
 
-from orchestration import tags as t
+from resources.core import tags as t
 
 pytestmark = pytest.mark.daemon
 

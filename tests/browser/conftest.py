@@ -39,7 +39,7 @@ from processes import start_group, stop_group
 from stage import Stage
 from stories import LONGEST_LAST, STORIES
 
-from orchestration.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, PROJECT_ROOT
+from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, PROJECT_ROOT
 
 #: Chromium flags for a headless, sandbox-less container without network.
 CHROMIUM_ARGS = [

@@ -18,7 +18,7 @@ import pytest
 from pg_server import PgServer
 from sqlalchemy.engine import make_url
 
-from orchestration import tags as t
+from resources.core import tags as t
 from resources.ledger import Entry, LedgerError, RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.postgres

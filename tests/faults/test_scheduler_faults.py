@@ -30,11 +30,12 @@ from dagster_internals import (
 )
 from pg_server import PgServer
 
-from orchestration import tags as t
-from orchestration.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
+from resources.core import tags as t
+from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.ledger import Entry, RunLedger, dedup_key_for_due
 from resources.sample_data import generate_sample_data
-from resources.source_store import ORDER_CANCELLED, automation_log, make_engine, orders
+from resources.source_schema import ORDER_CANCELLED, automation_log, orders
+from resources.source_store import make_engine
 
 pytestmark = [pytest.mark.postgres, pytest.mark.daemon]
 

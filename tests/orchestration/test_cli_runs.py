@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from contract import ENTRY_KEYS, SUMMARY_LISTS
 
-from orchestration import tags as t
 from orchestration.cli import main
 from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
-from orchestration.settings import ENV_DATABASE_URL, ENV_OPERATORS
+from resources.core import tags as t
+from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
 from resources.ledger import (
     Entry,
     RunLedger,

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from orchestration import hooks
-from orchestration import tags as t
 from orchestration.cli import main
+from resources.core import tags as t
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "example_plugin"
 PLUGIN_MODULE = "example_dueledger_plugin"

@@ -17,13 +17,13 @@ import pytest
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration import hooks
-from orchestration import tags as t
 from orchestration.definitions import defs
-from orchestration.errors import Refused
 from orchestration.manual import launch_manual
 from orchestration.registry import EverySlots, TaskSpec
 from orchestration.runtime import task_run
 from orchestration.tasks import TASKS
+from resources.core import tags as t
+from resources.core.errors import Refused
 from resources.ledger import RunLedger
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)

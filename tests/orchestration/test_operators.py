@@ -19,7 +19,7 @@ from orchestration.operators import (
     operators_from_env,
     parse_operators,
 )
-from orchestration.settings import ENV_OPERATORS, SettingsError
+from resources.core.settings import ENV_OPERATORS, SettingsError
 
 FILE = """
 [operators]

@@ -28,7 +28,7 @@ from dagster_internals import (
     run_sensor_tick,
 )
 
-from orchestration import tags as t
+from resources.core import tags as t
 
 pytestmark = pytest.mark.daemon
 

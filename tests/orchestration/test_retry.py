@@ -22,8 +22,6 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration import tags as t
-from orchestration.errors import InvalidInput, Refused
 from orchestration.manual import LaunchFailed
 from orchestration.operators import Operators, load_operators, parse_operators
 from orchestration.registry import EverySlots, TaskSpec
@@ -42,7 +40,9 @@ from orchestration.retry import (
     retry_entry,
     retry_run_id,
 )
-from orchestration.settings import PROJECT_ROOT
+from resources.core import tags as t
+from resources.core.errors import InvalidInput, Refused
+from resources.core.settings import PROJECT_ROOT
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_request
 
 # --- named instants ----------------------------------------------------------------------------

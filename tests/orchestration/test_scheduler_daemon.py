@@ -19,7 +19,7 @@ from dagster_internals import (
     run_scheduler_tick_in_subprocess,
 )
 
-from orchestration import tags as t
+from resources.core import tags as t
 
 pytestmark = pytest.mark.daemon
 

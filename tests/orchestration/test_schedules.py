@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from orchestration import tags as t
 from orchestration.definitions import defs
+from resources.core import tags as t
 
 SCHEDULES = sorted(s.name for s in defs.schedules or [])
 # A slot start that every rule of the default registry is due at (midnight UTC).

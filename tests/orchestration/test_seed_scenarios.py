@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from assets.automation import order_cleanup
-from orchestration import tags as t
-from orchestration.slots import format_due
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.source_store import SourceStore, create_schema, make_engine
 

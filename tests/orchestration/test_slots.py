@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from orchestration.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
-from orchestration.slots import (
+from resources.core.slots import (
     cron_cadence,
     cron_effective_cadence,
     cron_fire_times,

@@ -21,7 +21,6 @@ from dagster_graphql.cli import execute_query
 from dagster_internals import CodeTarget, daemon_instance, daemon_workspace
 from fixtures.retry_defs import EFFECTS_ENV, FAIL_ENV, LOCATION, SPECS
 
-from orchestration import tags as t
 from orchestration.operators import UI_OPERATOR, load_operators
 from orchestration.retry import (
     ACTION_MANUAL_RETRY,
@@ -37,8 +36,9 @@ from orchestration.retry import (
     retry_entry,
     run_id_from_reexecution,
 )
-from orchestration.settings import ENV_DATABASE_URL, ENV_OPERATORS
-from orchestration.slots import parse_due
+from resources.core import tags as t
+from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
+from resources.core.slots import parse_due
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_retry
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "retry_defs.py"

@@ -22,7 +22,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from contract import ENTRY_KEYS
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import (
     MAX_ERROR_CHARS,
     MIGRATIONS_DIR,

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import MIGRATIONS_DIR, RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.ledger_schema import VERSION_TABLE, entries
 

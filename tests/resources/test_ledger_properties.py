@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestration import tags
+from resources.core import tags
 from resources.ledger import (
     MAX_DISPATCH_FAILURES,
     MAX_LATE_JOB_REJECTIONS,

@@ -12,15 +12,8 @@ import sqlalchemy as sa
 from assets.orders import OrderCleanupPolicy, candidate_orders_query, select_orders_to_cancel
 from assets.services import LifecyclePolicy, candidate_services_query, plan_lifecycle
 from resources.sample_data import build_sample_frames, generate_sample_data
-from resources.source_store import (
-    CHANNELS,
-    SOURCE_TABLES,
-    SourceStore,
-    automation_log,
-    make_engine,
-    orders,
-    read_frame_from,
-)
+from resources.source_schema import CHANNELS, SOURCE_TABLES, automation_log, orders, read_frame_from
+from resources.source_store import SourceStore, make_engine
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 DAY = timedelta(days=1)

@@ -9,16 +9,8 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from resources.source_store import (
-    SourceStore,
-    create_schema,
-    customers,
-    make_engine,
-    metadata,
-    naive_utc,
-    orders,
-    services,
-)
+from resources.source_schema import customers, metadata, naive_utc, orders, services
+from resources.source_store import SourceStore, create_schema, make_engine
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sensor_support import LedgerEnv
 
-from orchestration.settings import ENV_DATABASE_URL
+from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import dagster as dg
 from dagster_internals import CodeTarget
 
-from orchestration import tags as t
+from resources.core import tags as t
 from resources.ledger import Entry, RunLedger
 
 TESTS_DIR = Path(__file__).resolve().parent.parent

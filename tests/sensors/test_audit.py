@@ -18,12 +18,12 @@ import pytest
 from dagster_internals import daemon_instance, daemon_workspace, run_scheduler_tick, run_sensor_tick
 from sensor_support import fixture_module, target, task_runs
 
-from orchestration import tags as t
 from orchestration.registry import Cron, EverySlots, NthSlotOfDay, TaskSpec, build_views
-from orchestration.slots import format_due
+from orchestration.services.audit import audit_task, expected_dues
+from orchestration.services.summary import ledger_summary
+from resources.core import tags as t
+from resources.core.slots import format_due
 from resources.ledger import RunLedger, dedup_key_for_due
-from sensors.audit import audit_task, expected_dues
-from sensors.health import ledger_summary
 
 pytestmark = pytest.mark.daemon
 

@@ -14,9 +14,10 @@ import dagster as dg
 import pytest
 from sensor_support import fixture_module
 
-from orchestration import tags as t
+from orchestration.services.summary import ledger_summary, summary_markdown
+from resources.core import tags as t
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
-from sensors.health import build_slot_health_sensor, ledger_summary, summary_markdown
+from sensors.health import build_slot_health_sensor
 
 NOW = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(hours=24)

@@ -23,8 +23,8 @@ from dagster_internals import (
 from sensor_support import fixture_module, target, utc_now
 
 from orchestration.cli import main
-from orchestration.slots import floor_to_slot
-from sensors.liveness import SCHEDULER_DAEMON, check_liveness
+from orchestration.services.liveness import SCHEDULER_DAEMON, check_liveness
+from resources.core.slots import floor_to_slot
 
 pytestmark = pytest.mark.daemon
 

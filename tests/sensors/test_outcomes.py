@@ -31,11 +31,11 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
-from orchestration import tags as t
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import is_retry_of_a_dispatch_failure
+from orchestration.services.alerts import utc_now
+from resources.core import tags as t
 from resources.ledger import RunLedger
-from sensors.health import utc_now
 from sensors.outcomes import (
     RETRY_LOST_AFTER,
     Action,

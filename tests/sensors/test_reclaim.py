@@ -29,11 +29,11 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, utc_now, wait_for
 
-from orchestration import tags as t
 from orchestration.cli import main
-from orchestration.slots import floor_to_slot
+from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
+from resources.core import tags as t
+from resources.core.slots import floor_to_slot
 from resources.ledger import RunLedger, dedup_key_for_due
-from sensors.reclaim import ALERT_KIND, reclaim_leases
 
 TTL = timedelta(seconds=2)  # sleepy_task's lease (tests/fixtures/ledger_defs.py)
 SENSOR_INTERVAL = timedelta(seconds=31)  # past the sensors' minimum interval

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from orchestration.factory import build_task_definitions
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import task_run
-from orchestration.settings import ENV_SOURCE_URL
+from resources.core.settings import ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, dispatch_notifications
 from resources.source_store import make_engine

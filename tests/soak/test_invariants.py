@@ -17,7 +17,7 @@ from invariants import (
     parse_alerts,
 )
 
-from orchestration import tags as t
+from resources.core import tags as t
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, dedup_key_for_due
 
 DUE = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)

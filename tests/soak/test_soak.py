@@ -55,14 +55,14 @@ from soak_defs import (
     soak_workers,
 )
 
-from orchestration import tags as t
-from orchestration.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
+from orchestration.services.reclaim import ALERT_KIND
+from orchestration.services.summary import all_entries
+from resources.core import tags as t
+from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.idempotency import notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
 from resources.source_store import create_schema, make_engine
-from sensors.health import all_entries
 from sensors.outcomes import RetryState, dagster_retry_state
-from sensors.reclaim import ALERT_KIND
 
 pytestmark = [
     pytest.mark.postgres,

@@ -17,8 +17,7 @@ from typing import Any, Final
 
 import click
 
-from orchestration import tags as t
-from orchestration.cli_support import (
+from orchestration.cli.support import (
     handle_errors,
     json_option,
     local_settings,
@@ -27,14 +26,15 @@ from orchestration.cli_support import (
     print_json,
     table,
 )
-from orchestration.errors import InvalidInput
 from orchestration.operators import (
     ROLE_VIEWER,
     Operators,
     check_operator_name,
     operators_from_env,
 )
-from orchestration.settings import load_settings
+from resources.core import tags as t
+from resources.core.errors import InvalidInput
+from resources.core.settings import load_settings
 from resources.ledger import DEFAULT_LIST_LIMIT, Entry, RunLedger
 
 MAX_LIST_LIMIT: Final = 500
@@ -177,6 +177,7 @@ def require_role(
     reason: str | None = None,
 ) -> None:
     """Refuse (exit 3, audited) unless ``operator`` holds ``role``."""
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.retry import audit_operator_refusal
 
     decision = operators.check(operator, role)
@@ -394,6 +395,7 @@ def retry_cmd(
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
     import dagster as dg
 
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.retry import LAUNCH_REEXECUTION, DagsterCliLauncher, retry_entry
     from orchestration.tasks import TASKS
 
@@ -439,8 +441,9 @@ def summary_cmd(operator: str | None, as_json: bool) -> None:
     """Ledger health: what runs now, what is stale, what happened in the last 24 hours."""
     import dagster as dg
 
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
-    from sensors.health import TASK_COLUMNS, ledger_summary
+    from orchestration.services.summary import TASK_COLUMNS, ledger_summary
 
     ledger = _viewer_gate(operator, ACTION_SUMMARY)
     # The same computation as the ledger_health asset: ledger counts + the gap audit.

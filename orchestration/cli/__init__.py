@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import click
 
-from orchestration.cli_hooks import hooks_cmd
-from orchestration.cli_ops import liveness_cmd, reclaim_cmd
-from orchestration.cli_runs import runs_group, summary_cmd
-from orchestration.cli_support import (
+from orchestration.cli.hooks import hooks_cmd
+from orchestration.cli.ops import liveness_cmd, reclaim_cmd
+from orchestration.cli.runs import runs_group, summary_cmd
+from orchestration.cli.support import (
     Refused,
     handle_errors,
     json_option,
@@ -23,7 +23,7 @@ from orchestration.cli_support import (
     table,
     today_utc,
 )
-from orchestration.settings import load_settings
+from resources.core.settings import load_settings
 
 
 @click.group()
@@ -38,6 +38,7 @@ def tasks_cmd(as_json: bool) -> None:
     """List registered tasks with declared and effective cadence."""
     import warnings
 
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
 
     with warnings.catch_warnings():
@@ -83,7 +84,8 @@ def launch_cmd(
     """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
     import dagster as dg
 
-    from orchestration.cli_runs import load_operators, require_role
+    # Imported when this command runs, so the other commands do not load it.
+    from orchestration.cli.runs import load_operators, require_role
     from orchestration.manual import launch_manual
     from orchestration.operators import ROLE_RETRIER
     from orchestration.tasks import TASKS
@@ -128,6 +130,7 @@ def sample_data_cmd(
     services: int, seed: int, as_of: str | None, replace: bool, as_json: bool
 ) -> None:
     """Generate deterministic hosting sample data into the source store."""
+    # Imported when this command runs, so the other commands do not load it.
     from resources.sample_data import generate_sample_data
     from resources.source_store import make_engine
 
@@ -148,13 +151,13 @@ def sample_data_cmd(
     click.echo(f"sample data as of {anchor.isoformat()} in {settings.source_url}: {counts}")
 
 
-# `runs list|show|retry` and `summary` live in orchestration/cli_runs.py.
+# `runs list|show|retry` and `summary` live in orchestration/cli/runs.py.
 main.add_command(runs_group)
 main.add_command(summary_cmd)
-# `reclaim` and `liveness` live in orchestration/cli_ops.py.
+# `reclaim` and `liveness` live in orchestration/cli/ops.py.
 main.add_command(reclaim_cmd)
 main.add_command(liveness_cmd)
-# `hooks` (plugin listeners and load errors) lives in orchestration/cli_hooks.py.
+# `hooks` (plugin listeners and load errors) lives in orchestration/cli/hooks.py.
 main.add_command(hooks_cmd)
 
 

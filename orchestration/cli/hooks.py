@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from orchestration.cli_support import handle_errors, json_option, print_json, table
+from orchestration.cli.support import handle_errors, json_option, print_json, table
 
 
 @click.command("hooks")
@@ -17,6 +17,7 @@ from orchestration.cli_support import handle_errors, json_option, print_json, ta
 @handle_errors
 def hooks_cmd(as_json: bool) -> None:
     """List plugin hook listeners (events, blocking flag, timeout) and load errors."""
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.hooks import ENV_HOOKS_FILE, load_hooks
 
     # Load errors are printed below; their log lines would only repeat them on stderr.

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from orchestration.errors import InvalidInput, Refused
-from orchestration.settings import PROJECT_ROOT, Settings, SettingsError, load_settings
+from resources.core.errors import InvalidInput, Refused
+from resources.core.settings import PROJECT_ROOT, Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from resources.ledger import RunLedger
@@ -86,6 +86,7 @@ def local_settings() -> Settings:
 
 
 def open_ledger(settings: Settings) -> RunLedger:
+    # Imported when this command runs, so the other commands do not load it.
     from resources.ledger import RunLedger
 
     ledger = RunLedger(database_url=settings.ledger_url)

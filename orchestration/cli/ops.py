@@ -16,14 +16,14 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from orchestration.cli_support import (
+from orchestration.cli.support import (
     handle_errors,
     json_option,
     local_settings,
     open_ledger,
     print_json,
 )
-from orchestration.errors import InvalidInput
+from resources.core.errors import InvalidInput
 
 
 @click.command("reclaim")
@@ -32,8 +32,9 @@ from orchestration.errors import InvalidInput
 @handle_errors
 def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     """Fail running entries whose lease expired (lease_reclaimed); never re-run them."""
-    from sensors.health import alert_line
-    from sensors.reclaim import ALERT_KIND, reclaim_leases
+    # Imported when this command runs, so the other commands do not load it.
+    from orchestration.services.alerts import alert_line
+    from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
 
     ledger = open_ledger(local_settings())
     now = datetime.now(UTC)
@@ -78,8 +79,9 @@ def liveness_cmd(max_age_seconds: str, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
     import dagster as dg
 
+    # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
-    from sensors.liveness import check_liveness
+    from orchestration.services.liveness import check_liveness
 
     max_age = _max_age(max_age_seconds)
     settings = local_settings()

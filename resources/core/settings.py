@@ -23,7 +23,7 @@ DEFAULT_SLOT_MINUTES = 15
 MINUTES_PER_DAY = 24 * 60
 
 #: The repository checkout this package runs from (editable install / `dagster dev`).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,263 @@
+"""The layers of docs/architecture.md, read from the code's own imports (no import is run).
+
+1. core (``resources/core``): Dagster-free, imports no other dueledger module;
+2. stores and resources (``resources/``): import only the core and each other;
+3. services (``orchestration/services``): ledger operations the CLI, sensors and assets share;
+4. shells: assets, sensors, the Dagster wiring in ``orchestration/``, and the CLI.
+
+Rules: ``resources/`` imports nothing from ``orchestration/``, ``sensors/`` or ``assets/``;
+``assets/`` and ``sensors/`` never import each other; ``orchestration/`` (its
+``definitions.py`` aside) imports nothing from ``assets/`` or ``sensors/``; services import no
+shell of ``orchestration/`` (the CLI, ``definitions.py``); no import cycle; a project import
+inside a function has a comment saying why.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("orchestration", "resources", "sensors", "assets")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module, dotted
+    target: str  # imported module, dotted
+    line: int
+    in_function: bool
+    type_checking: bool
+    commented: bool
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" in path.relative_to(root).parts:
+                continue  # Alembic loads these by path; they are not imported
+            found[module_name(root, path)] = path
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module ``name`` refers to: itself, else its nearest package."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _commented(lines: list[str], lineno: int) -> bool:
+    """A trailing comment, or a comment line right above the import's group."""
+    if "#" in lines[lineno - 1]:
+        return True
+    above = lineno - 2
+    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
+
+
+def _visit(
+    node: ast.AST,
+    source: str,
+    lines: list[str],
+    modules: dict[str, Path],
+    in_function: bool = False,
+    type_checking: bool = False,
+) -> Iterator[Import]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif child.module and child.level == 0:
+                names = [f"{child.module}.{alias.name}" for alias in child.names]
+            for name in names:
+                target = _resolve(name, modules) if name.split(".")[0] in PACKAGES else None
+                if target is not None and target != source:
+                    commented = _commented(lines, child.lineno)
+                    yield Import(
+                        source, target, child.lineno, in_function, type_checking, commented
+                    )
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            yield from _visit(child, source, lines, modules, in_function, True)
+        else:
+            inner = in_function or isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+            )
+            yield from _visit(child, source, lines, modules, inner, type_checking)
+
+
+def imports_of(root: Path) -> Iterator[Import]:
+    modules = _modules(root)
+    for source, path in modules.items():
+        text = path.read_text()
+        yield from _visit(ast.parse(text), source, text.splitlines(), modules)
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+#: (importer, what it must not import, importers exempt, targets exempt)
+FORBIDDEN: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("resources", "orchestration", (), ()),
+    ("resources", "sensors", (), ()),
+    ("resources", "assets", (), ()),
+    ("resources.core", "resources", (), ("resources.core",)),
+    ("assets", "sensors", (), ()),
+    ("sensors", "assets", (), ()),
+    ("orchestration", "assets", ("orchestration.definitions",), ()),
+    ("orchestration", "sensors", ("orchestration.definitions",), ()),
+    ("orchestration.services", "orchestration.cli", (), ()),
+    ("orchestration.services", "orchestration.definitions", (), ()),
+)
+
+
+def layer_violations(found: list[Import]) -> list[str]:
+    problems = []
+    for imp in found:
+        for who, what, exempt_sources, exempt_targets in FORBIDDEN:
+            if not _under(imp.source, who) or not _under(imp.target, what):
+                continue
+            if imp.source in exempt_sources or any(_under(imp.target, t) for t in exempt_targets):
+                continue
+            problems.append(f"{imp.source}:{imp.line} imports {imp.target} ({who} -> {what})")
+    return problems
+
+
+def cycles(found: list[Import]) -> list[list[str]]:
+    """Every strongly connected group of modules (Tarjan), TYPE_CHECKING imports aside."""
+    graph: dict[str, set[str]] = {}
+    for imp in found:
+        if not imp.type_checking:
+            graph.setdefault(imp.source, set()).add(imp.target)
+            graph.setdefault(imp.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return groups
+
+
+def _package_parents(found: list[Import]) -> list[Import]:
+    """Drop edges into a module's own parent package: Python runs a package's
+    ``__init__`` before its submodules, which is no dependency of the submodule's."""
+    return [imp for imp in found if not _under(imp.source, imp.target)]
+
+
+def uncommented_local_imports(found: list[Import]) -> list[str]:
+    return [
+        f"{imp.source}:{imp.line} imports {imp.target} inside a function without a comment"
+        for imp in found
+        if imp.in_function and not imp.commented
+    ]
+
+
+@pytest.fixture(scope="module")
+def project_imports() -> list[Import]:
+    return _package_parents(list(imports_of(ROOT)))
+
+
+def test_the_reader_sees_the_project(project_imports: list[Import]) -> None:
+    edges = {(i.source, i.target) for i in project_imports}
+    assert ("resources.ledger", "resources.core.tags") in edges
+    assert ("orchestration.definitions", "sensors") in edges
+
+
+def test_every_import_points_down(project_imports: list[Import]) -> None:
+    assert layer_violations(project_imports) == []
+
+
+def test_no_import_cycles(project_imports: list[Import]) -> None:
+    assert cycles(project_imports) == []
+
+
+def test_imports_inside_functions_say_why(project_imports: list[Import]) -> None:
+    assert uncommented_local_imports(project_imports) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_checks_catch_an_upward_import_a_cycle_and_a_silent_local_import(
+    tmp_path: Path,
+) -> None:
+    _write(
+        tmp_path,
+        {
+            "resources/__init__.py": "",
+            "resources/core/__init__.py": "",
+            "resources/core/due.py": "from resources.store import X\n",
+            "resources/store.py": "from orchestration.cli import main\n",
+            "orchestration/__init__.py": "",
+            "orchestration/cli.py": "from orchestration.runner import go\n",
+            "orchestration/runner.py": (
+                "def go():\n    from orchestration.cli import main\n\n"
+                "def ok():\n    # why: loaded only here\n    from resources.store import X\n"
+            ),
+            "sensors/__init__.py": "import assets.a\n",
+            "assets/__init__.py": "",
+            "assets/a.py": "",
+        },
+    )
+    found = _package_parents(list(imports_of(tmp_path)))
+    assert layer_violations(found) == [
+        "resources.core.due:1 imports resources.store (resources.core -> resources)",
+        "resources.store:1 imports orchestration.cli (resources -> orchestration)",
+        "sensors:1 imports assets.a (sensors -> assets)",
+    ]
+    assert cycles(found) == [["orchestration.cli", "orchestration.runner", "resources.store"]]
+    assert uncommented_local_imports(found) == [
+        "orchestration.runner:2 imports orchestration.cli inside a function without a comment"
+    ]
