@@ -1,6 +1,8 @@
 """The layers of docs/architecture.md, read from the code's own imports (no import is run).
 
-1. core (``resources/core``): Dagster-free, imports no other dueledger module;
+1. core (``resources/core``, and the task specs ``orchestration/registry.py``,
+   ``orchestration/tasks.py``, ``orchestration/operators.py``): Dagster-free, imports only
+   the core;
 2. stores and resources (``resources/``): import only the core and each other;
 3. services (``orchestration/services``): ledger operations the CLI, sensors and assets share;
 4. shells: assets, sensors, the Dagster wiring in ``orchestration/``, and the CLI.
@@ -192,6 +194,45 @@ def _package_parents(found: list[Import]) -> list[Import]:
     return [imp for imp in found if not _under(imp.source, imp.target)]
 
 
+#: Layer 1: Dagster-free, importing only each other.
+CORE: tuple[str, ...] = (
+    "resources.core",
+    "orchestration.registry",
+    "orchestration.tasks",
+    "orchestration.operators",
+)
+
+
+def _in_core(module: str) -> bool:
+    return any(_under(module, c) for c in CORE)
+
+
+def core_violations(root: Path, found: list[Import]) -> list[str]:
+    """Core modules that import Dagster, or a project module outside the core."""
+    problems = [
+        f"{imp.source}:{imp.line} imports {imp.target} (the core imports only the core)"
+        for imp in found
+        if _in_core(imp.source) and not _in_core(imp.target)
+    ]
+    for module, path in _modules(root).items():
+        if not _in_core(module):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            problems += [
+                f"{module}:{node.lineno} imports {name} (the core is Dagster-free)"
+                for name in names
+                if name.split(".")[0] in ("dagster", "dagster_shared")
+            ]
+    return problems
+
+
 def uncommented_local_imports(found: list[Import]) -> list[str]:
     return [
         f"{imp.source}:{imp.line} imports {imp.target} inside a function without a comment"
@@ -213,6 +254,12 @@ def test_the_reader_sees_the_project(project_imports: list[Import]) -> None:
 
 def test_every_import_points_down(project_imports: list[Import]) -> None:
     assert layer_violations(project_imports) == []
+
+
+def test_the_core_is_dagster_free_and_imports_only_the_core(
+    project_imports: list[Import],
+) -> None:
+    assert core_violations(ROOT, project_imports) == []
 
 
 def test_no_import_cycles(project_imports: list[Import]) -> None:
@@ -238,7 +285,7 @@ def test_the_checks_catch_an_upward_import_a_cycle_and_a_silent_local_import(
         {
             "resources/__init__.py": "",
             "resources/core/__init__.py": "",
-            "resources/core/due.py": "from resources.store import X\n",
+            "resources/core/due.py": "from resources.store import X\nimport dagster as dg\n",
             "resources/store.py": "from orchestration.cli import main\n",
             "orchestration/__init__.py": "",
             "orchestration/cli.py": "from orchestration.runner import go\n",
@@ -256,6 +303,10 @@ def test_the_checks_catch_an_upward_import_a_cycle_and_a_silent_local_import(
         "resources.core.due:1 imports resources.store (resources.core -> resources)",
         "resources.store:1 imports orchestration.cli (resources -> orchestration)",
         "sensors:1 imports assets.a (sensors -> assets)",
+    ]
+    assert core_violations(tmp_path, found) == [
+        "resources.core.due:1 imports resources.store (the core imports only the core)",
+        "resources.core.due:2 imports dagster (the core is Dagster-free)",
     ]
     assert cycles(found) == [["orchestration.cli", "orchestration.runner", "resources.store"]]
     assert uncommented_local_imports(found) == [
