@@ -8,31 +8,21 @@ request twice" one run even when two launches race.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
 
 from orchestration import hooks
 from orchestration.registry import TaskSpec, find_task, task_run_tags
+from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
 from resources.core import tags as t
 from resources.core.errors import InvalidInput, Refused
-from resources.core.settings import PROJECT_ROOT
 from resources.ledger import RunLedger, dedup_key_for_request
 
-#: Namespace for run ids of manual launches (uuid5 of task key and request id).
-_RUN_ID_NAMESPACE = uuid.UUID("6f1c3c1e-6a8e-4c55-9f59-5a1d0e1f2a11")
-_LAUNCH_TIMEOUT_SECONDS = 300
-
-
-def manual_run_id(task_key: str, request_id: str) -> str:
-    """The Dagster run id of a manual launch: the same request gives the same run."""
-    return str(uuid.uuid5(_RUN_ID_NAMESPACE, f"{task_key}\x00{request_id}"))
+#: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.
+Submit = Callable[[str, str, Mapping[str, str]], object]
 
 
 @dataclass(frozen=True)
@@ -55,10 +45,6 @@ class LaunchResult:
         }
 
 
-class LaunchFailed(RuntimeError):
-    """Dagster did not accept the run; the entry is marked dispatch_failed."""
-
-
 def manual_tags(spec: TaskSpec, request_id: str, operator: str, reason: str) -> dict[str, str]:
     """Tags of a manual launch: the task's run tags plus the manual namespace."""
     return {
@@ -70,39 +56,6 @@ def manual_tags(spec: TaskSpec, request_id: str, operator: str, reason: str) -> 
     }
 
 
-def _submit_with_dagster_cli(job_name: str, run_id: str, tags: dict[str, str]) -> None:
-    """Submit through `dagster job launch`: Dagster's public way to put a run on the
-    instance's run coordinator (queued until the daemon dequeues it) without a webserver.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "dagster",
-        "job",
-        "launch",
-        "-w",
-        str(PROJECT_ROOT / "workspace.yaml"),
-        "-j",
-        job_name,
-        "--run-id",
-        run_id,
-        "--tags",
-        json.dumps(tags),
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=PROJECT_ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=_LAUNCH_TIMEOUT_SECONDS,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise LaunchFailed(f"`dagster job launch` exited {proc.returncode}: " + " | ".join(tail))
-
-
 def launch_manual(
     specs: Sequence[TaskSpec],
     task_key: str,
@@ -112,7 +65,7 @@ def launch_manual(
     request_id: str | None,
     instance: dg.DagsterInstance,
     ledger: RunLedger,
-    submit=_submit_with_dagster_cli,
+    submit: Submit = submit_run,
 ) -> LaunchResult:
     """Launch a task manually, idempotent on ``request_id``.
 
@@ -159,11 +112,11 @@ def launch_manual(
         hooks.record(ledger, entry.id, gate.before.records())
         try:
             submit(spec.job_name, run_id, dict(gate.tags))
-        except (LaunchFailed, subprocess.TimeoutExpired) as exc:
+        except LaunchFailed as exc:
             # A concurrent launch of the same request may have won the run id.
             if instance.get_run_by_id(run_id) is None:
                 ledger.record_dispatch_failure(entry.id, error=str(exc), run_id=run_id)
-                raise LaunchFailed(str(exc)) from exc
+                raise
         announced = hooks.announce_creation(gate, entry_id=entry.id, run_id=run_id)
         if announced.after is not None:
             hooks.record(ledger, entry.id, announced.after.records())

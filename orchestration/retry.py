@@ -13,12 +13,12 @@ Three parts:
   unique, so even a broken lock could not make two children.
 - **The launch** (`launch_retry`): after the commit, a Dagster *re-execution* of the
   parent's last run, through Dagster's GraphQL mutation ``launchRunReexecution`` — the same
-  one the UI's "Re-execute" button sends — run by the public ``dagster-graphql`` command
-  against ``workspace.yaml``, so no webserver is needed. The run gets
-  ``dagster/parent_run_id``/``root_run_id`` from Dagster and the dueledger tags from us; it
-  is queued, not waited for. When the parent has no Dagster run left to re-execute, a new
-  run of the task's job is launched instead (``dagster job launch``) with the lineage tags
-  set by hand (see docs/operators.md for exactly what differs).
+  one the UI's "Re-execute" button sends. The run gets ``dagster/parent_run_id``/
+  ``root_run_id`` from Dagster and the dueledger tags from us; it is queued, not waited for.
+  When the parent has no Dagster run left to re-execute, a new run of the task's job is
+  launched instead (``dagster job launch``, as ``dueledger launch`` does) with the lineage
+  tags set by hand (see docs/operators.md for exactly what differs). Both go through the
+  shared launch path, ``orchestration/services/launch.py``.
 
 A re-execution started from the Dagster UI goes through ``record_retry`` too, at claim time
 (``orchestration/runtime.py``), as operator ``dagster-ui``.
@@ -26,21 +26,13 @@ A re-execution started from the Dagster UI goes through ``record_retry`` too, at
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Final
 
 import dagster as dg
 
-from orchestration.manual import LaunchFailed
 from orchestration.operators import (
     ROLE_ADMIN,
     ROLE_RETRIER,
@@ -51,9 +43,9 @@ from orchestration.operators import (
     operators_from_env,
 )
 from orchestration.registry import TaskSpec, find_task, task_run_tags
+from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from resources.core import tags as t
 from resources.core.errors import InvalidInput, Refused
-from resources.core.settings import PROJECT_ROOT
 from resources.ledger import Entry, RunLedger, dedup_key_for_retry
 
 ACTION_MANUAL_RETRY: Final = "manual_retry"
@@ -75,26 +67,6 @@ CHECK_RECORDED: Final = "retry_recorded"
 
 LAUNCH_REEXECUTION: Final = "reexecution"
 LAUNCH_NEW_RUN: Final = "new_run"
-#: ALL_STEPS: the retry is a new logical execution (a new ledger entry), so the task's job
-#: runs whole; FROM_FAILURE would refuse a parent whose Dagster run itself succeeded (e.g.
-#: a lease that was reclaimed while the run finished late).
-REEXECUTION_STRATEGY: Final = "ALL_STEPS"
-
-#: The mutation the Dagster UI sends for "Re-execute"; run here by `dagster-graphql`.
-REEXECUTE_MUTATION: Final = """
-mutation DueledgerReexecute($params: ReexecutionParams!) {
-  launchRunReexecution(reexecutionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on Error { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}
-"""
-
-_RETRY_RUN_ID_NAMESPACE = uuid.UUID("0d3c7b4e-5a0f-4c7e-9d36-2b8f1f6e7a52")
-_LAUNCH_TIMEOUT_SECONDS = 300
-
 
 # --- pure checks -----------------------------------------------------------------------------
 
@@ -355,125 +327,6 @@ def audit_operator_refusal(
 # --- the launch --------------------------------------------------------------------------------
 
 
-class RetryLauncher(Protocol):
-    """How a retry's Dagster run is started (the real one shells out to Dagster's CLIs)."""
-
-    def reexecute(self, parent_run_id: str, extra_tags: Mapping[str, str]) -> str:
-        """Launch a re-execution of ``parent_run_id``; return the new run's id."""
-        ...
-
-    def launch_new(self, job_name: str, run_id: str, tags: Mapping[str, str]) -> str:
-        """Launch a new run ``run_id`` of ``job_name``; return its id."""
-        ...
-
-
-def _run_dagster_cli(cmd: list[str], what: str) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(
-            cmd,
-            cwd=PROJECT_ROOT,
-            env=dict(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=_LAUNCH_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise LaunchFailed(f"{what} did not finish within {_LAUNCH_TIMEOUT_SECONDS}s") from exc
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise LaunchFailed(f"{what} exited {proc.returncode}: " + " | ".join(tail))
-    return proc
-
-
-class DagsterCliLauncher:
-    """Launches through Dagster's public command lines against ``workspace.yaml``.
-
-    ``reexecute``: ``dagster-graphql`` runs the UI's ``launchRunReexecution`` mutation
-    in-process (instance from DAGSTER_HOME, code from the workspace): Dagster creates the
-    run with its lineage and puts it on the instance's run coordinator.
-    ``launch_new``: ``dagster job launch``, as ``dueledger launch`` does.
-    """
-
-    def __init__(self, workspace: Path | None = None) -> None:
-        self.workspace = workspace or PROJECT_ROOT / "workspace.yaml"
-
-    def reexecute(self, parent_run_id: str, extra_tags: Mapping[str, str]) -> str:
-        variables = reexecution_variables(parent_run_id, extra_tags)
-        with tempfile.TemporaryDirectory(prefix="dueledger-retry-") as tmp:
-            out = Path(tmp) / "result.json"
-            _run_dagster_cli(
-                [
-                    sys.executable,
-                    "-c",
-                    "from dagster_graphql.cli import main; main()",
-                    "-w",
-                    str(self.workspace),
-                    "-t",
-                    REEXECUTE_MUTATION,
-                    "-v",
-                    json.dumps(variables),
-                    "-o",
-                    str(out),
-                ],
-                "dagster-graphql launchRunReexecution",
-            )
-            try:
-                result = json.loads(out.read_text())
-            except (OSError, ValueError) as exc:
-                raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
-        return run_id_from_reexecution(result)
-
-    def launch_new(self, job_name: str, run_id: str, tags: Mapping[str, str]) -> str:
-        _run_dagster_cli(
-            [
-                sys.executable,
-                "-m",
-                "dagster",
-                "job",
-                "launch",
-                "-w",
-                str(self.workspace),
-                "-j",
-                job_name,
-                "--run-id",
-                run_id,
-                "--tags",
-                json.dumps(dict(tags)),
-            ],
-            "dagster job launch",
-        )
-        return run_id
-
-
-def reexecution_variables(parent_run_id: str, extra_tags: Mapping[str, str]) -> dict[str, Any]:
-    """Variables of REEXECUTE_MUTATION: the parent's tags, ours on top (Dagster's upsert)."""
-    return {
-        "params": {
-            "parentRunId": parent_run_id,
-            "strategy": REEXECUTION_STRATEGY,
-            "extraTags": [{"key": k, "value": v} for k, v in extra_tags.items()],
-            "useParentRunTags": True,
-        }
-    }
-
-
-def run_id_from_reexecution(result: Mapping[str, Any]) -> str:
-    """The run id from a ``launchRunReexecution`` response, or LaunchFailed saying why not."""
-    if result.get("errors"):
-        messages = "; ".join(str(e.get("message")) for e in result["errors"])
-        raise LaunchFailed(f"launchRunReexecution failed: {messages}")
-    payload = (result.get("data") or {}).get("launchRunReexecution") or {}
-    if payload.get("__typename") == "LaunchRunSuccess":
-        return str(payload["run"]["runId"])
-    detail = payload.get("message") or "; ".join(
-        str(e.get("message")) for e in payload.get("errors", [])
-    )
-    raise LaunchFailed(
-        f"launchRunReexecution returned {payload.get('__typename', 'nothing')}: {detail}"
-    )
-
-
 def retry_run_tags(record: RetryRecord, spec: TaskSpec) -> dict[str, str]:
     """The tags of a retry's run: dueledger's, plus the job's run tags.
 
@@ -493,11 +346,6 @@ def retry_run_tags(record: RetryRecord, spec: TaskSpec) -> dict[str, str]:
         # The retry computes "as of" the parent's due, like the parent did.
         tags[t.TAG_DUE] = record.parent.due.strftime("%Y-%m-%dT%H:%M:%SZ")
     return tags
-
-
-def retry_run_id(child_entry_id: int) -> str:
-    """Run id of a retry launched as a new run (the same child gives the same run)."""
-    return str(uuid.uuid5(_RETRY_RUN_ID_NAMESPACE, f"retry-child:{child_entry_id}"))
 
 
 @dataclass(frozen=True)
@@ -535,7 +383,7 @@ def launch_retry(
     *,
     ledger: RunLedger,
     instance: dg.DagsterInstance,
-    launcher: RetryLauncher,
+    launcher: Launcher,
 ) -> RetryResult:
     """Start the Dagster run of a recorded retry and return at once (no waiting).
 
@@ -607,7 +455,7 @@ def retry_entry(
     operators: Operators,
     acknowledge_side_effects: bool,
     instance: dg.DagsterInstance,
-    launcher: RetryLauncher,
+    launcher: Launcher,
     now: datetime | None = None,
 ) -> RetryResult:
     """`dueledger runs retry`: record the retry (one transaction), then launch its run."""

@@ -396,7 +396,8 @@ def retry_cmd(
     import dagster as dg
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import LAUNCH_REEXECUTION, DagsterCliLauncher, retry_entry
+    from orchestration.retry import LAUNCH_REEXECUTION, retry_entry
+    from orchestration.services.launch import DagsterCliLauncher
     from orchestration.tasks import TASKS
 
     entry_no = parse_entry_id(entry_id)

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from orchestration.cli import main
-from orchestration.manual import launch_manual, manual_run_id
+from orchestration.manual import launch_manual
+from orchestration.services.launch import manual_run_id
 from orchestration.tasks import TASKS
 from resources.core.errors import Refused
 from resources.ledger import RunLedger

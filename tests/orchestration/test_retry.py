@@ -22,7 +22,6 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration.manual import LaunchFailed
 from orchestration.operators import Operators, load_operators, parse_operators
 from orchestration.registry import EverySlots, TaskSpec
 from orchestration.retry import (
@@ -38,8 +37,8 @@ from orchestration.retry import (
     launch_retry,
     record_retry,
     retry_entry,
-    retry_run_id,
 )
+from orchestration.services.launch import LaunchFailed, retry_run_id
 from resources.core import tags as t
 from resources.core.errors import InvalidInput, Refused
 from resources.core.settings import PROJECT_ROOT

@@ -31,9 +31,11 @@ from orchestration.retry import (
     CHECK_RECORDED,
     CHECK_ROLE_RETRIER,
     CHECK_STATUS,
+    retry_entry,
+)
+from orchestration.services.launch import (
     REEXECUTE_MUTATION,
     reexecution_variables,
-    retry_entry,
     run_id_from_reexecution,
 )
 from resources.core import tags as t

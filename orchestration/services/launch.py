@@ -1,0 +1,218 @@
+"""The one launch path of dueledger's own runs: `dueledger launch` and `dueledger runs retry`.
+
+Both put a run on the Dagster instance through Dagster's public command lines against
+``workspace.yaml``, so no webserver is needed and the run is queued on the instance's run
+coordinator, not waited for:
+
+- a **new run** of a job with a given run id and tags (`submit_run`): ``dagster job launch``;
+- a **re-execution** of an existing run (`reexecute_run`): ``dagster-graphql`` runs the
+  mutation the UI's "Re-execute" button sends, ``launchRunReexecution``, in-process
+  (instance from DAGSTER_HOME, code from the workspace), so Dagster sets the lineage tags.
+
+Every way a launch can fail (the command cannot start, exits non-zero, outlives
+``LAUNCH_TIMEOUT_SECONDS``, or answers with an error) becomes one `LaunchFailed` whose
+message names the command and what it said. The run ids dueledger chooses itself are
+derived here too, from uuid5 namespaces that must never change: a run id is how a second
+launch of the same request finds the first one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from resources.core.settings import PROJECT_ROOT
+
+#: How long one Dagster command line may take to put a run on the instance.
+LAUNCH_TIMEOUT_SECONDS: Final = 300
+
+#: Namespace for run ids of manual launches (uuid5 of task key and request id).
+_MANUAL_RUN_ID_NAMESPACE: Final = uuid.UUID("6f1c3c1e-6a8e-4c55-9f59-5a1d0e1f2a11")
+#: Namespace for run ids of manual retries launched as a new run (uuid5 of the child entry).
+_RETRY_RUN_ID_NAMESPACE: Final = uuid.UUID("0d3c7b4e-5a0f-4c7e-9d36-2b8f1f6e7a52")
+
+#: ALL_STEPS: the retry is a new logical execution (a new ledger entry), so the task's job
+#: runs whole; FROM_FAILURE would refuse a parent whose Dagster run itself succeeded (e.g.
+#: a lease that was reclaimed while the run finished late).
+REEXECUTION_STRATEGY: Final = "ALL_STEPS"
+
+#: The mutation the Dagster UI sends for "Re-execute"; run here by `dagster-graphql`.
+REEXECUTE_MUTATION: Final = """
+mutation DueledgerReexecute($params: ReexecutionParams!) {
+  launchRunReexecution(reexecutionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on Error { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
+
+
+class LaunchFailed(RuntimeError):
+    """Dagster did not accept the run; the caller marks its entry dispatch_failed."""
+
+
+# --- run ids -----------------------------------------------------------------------------------
+
+
+def manual_run_id(task_key: str, request_id: str) -> str:
+    """The Dagster run id of a manual launch: the same request gives the same run."""
+    return str(uuid.uuid5(_MANUAL_RUN_ID_NAMESPACE, f"{task_key}\x00{request_id}"))
+
+
+def retry_run_id(child_entry_id: int) -> str:
+    """Run id of a retry launched as a new run (the same child gives the same run)."""
+    return str(uuid.uuid5(_RETRY_RUN_ID_NAMESPACE, f"retry-child:{child_entry_id}"))
+
+
+# --- the Dagster command lines -----------------------------------------------------------------
+
+
+def _workspace(workspace: Path | None) -> Path:
+    return workspace or PROJECT_ROOT / "workspace.yaml"
+
+
+def _run_dagster_cli(cmd: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    """Run one Dagster command line; any way it fails raises LaunchFailed naming ``what``."""
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise LaunchFailed(f"{what} did not finish within {LAUNCH_TIMEOUT_SECONDS}s") from exc
+    except OSError as exc:
+        raise LaunchFailed(f"{what} could not be started: {exc}") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise LaunchFailed(f"{what} exited {proc.returncode}: " + " | ".join(tail))
+    return proc
+
+
+def submit_run(
+    job_name: str, run_id: str, tags: Mapping[str, str], *, workspace: Path | None = None
+) -> str:
+    """Submit run ``run_id`` of ``job_name`` with ``tags`` through `dagster job launch`:
+    Dagster's public way to put a run on the instance's run coordinator (queued until the
+    daemon dequeues it) without a webserver. Returns ``run_id``; raises LaunchFailed.
+    """
+    _run_dagster_cli(
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "job",
+            "launch",
+            "-w",
+            str(_workspace(workspace)),
+            "-j",
+            job_name,
+            "--run-id",
+            run_id,
+            "--tags",
+            json.dumps(dict(tags)),
+        ],
+        "`dagster job launch`",
+    )
+    return run_id
+
+
+def reexecution_variables(parent_run_id: str, extra_tags: Mapping[str, str]) -> dict[str, Any]:
+    """Variables of REEXECUTE_MUTATION: the parent's tags, ours on top (Dagster's upsert)."""
+    return {
+        "params": {
+            "parentRunId": parent_run_id,
+            "strategy": REEXECUTION_STRATEGY,
+            "extraTags": [{"key": k, "value": v} for k, v in extra_tags.items()],
+            "useParentRunTags": True,
+        }
+    }
+
+
+def run_id_from_reexecution(result: Mapping[str, Any]) -> str:
+    """The run id from a ``launchRunReexecution`` response, or LaunchFailed saying why not."""
+    if result.get("errors"):
+        messages = "; ".join(str(e.get("message")) for e in result["errors"])
+        raise LaunchFailed(f"launchRunReexecution failed: {messages}")
+    payload = (result.get("data") or {}).get("launchRunReexecution") or {}
+    if payload.get("__typename") == "LaunchRunSuccess":
+        return str(payload["run"]["runId"])
+    detail = payload.get("message") or "; ".join(
+        str(e.get("message")) for e in payload.get("errors", [])
+    )
+    raise LaunchFailed(
+        f"launchRunReexecution returned {payload.get('__typename', 'nothing')}: {detail}"
+    )
+
+
+def reexecute_run(
+    parent_run_id: str, extra_tags: Mapping[str, str], *, workspace: Path | None = None
+) -> str:
+    """Launch a re-execution of ``parent_run_id`` with ``extra_tags`` over the parent's
+    tags; return the new run's id. Raises LaunchFailed.
+    """
+    variables = reexecution_variables(parent_run_id, extra_tags)
+    with tempfile.TemporaryDirectory(prefix="dueledger-retry-") as tmp:
+        out = Path(tmp) / "result.json"
+        _run_dagster_cli(
+            [
+                sys.executable,
+                "-c",
+                "from dagster_graphql.cli import main; main()",
+                "-w",
+                str(_workspace(workspace)),
+                "-t",
+                REEXECUTE_MUTATION,
+                "-v",
+                json.dumps(variables),
+                "-o",
+                str(out),
+            ],
+            "dagster-graphql launchRunReexecution",
+        )
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError) as exc:
+            raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
+    return run_id_from_reexecution(result)
+
+
+# --- the launcher a retry is given -------------------------------------------------------------
+
+
+class Launcher(Protocol):
+    """How a retry's Dagster run is started (tests pass a recording one)."""
+
+    def reexecute(self, parent_run_id: str, extra_tags: Mapping[str, str]) -> str:
+        """Launch a re-execution of ``parent_run_id``; return the new run's id."""
+        ...
+
+    def launch_new(self, job_name: str, run_id: str, tags: Mapping[str, str]) -> str:
+        """Launch a new run ``run_id`` of ``job_name``; return its id."""
+        ...
+
+
+class DagsterCliLauncher:
+    """The real `Launcher`: `reexecute_run` and `submit_run` against ``workspace``."""
+
+    def __init__(self, workspace: Path | None = None) -> None:
+        self.workspace = _workspace(workspace)
+
+    def reexecute(self, parent_run_id: str, extra_tags: Mapping[str, str]) -> str:
+        return reexecute_run(parent_run_id, extra_tags, workspace=self.workspace)
+
+    def launch_new(self, job_name: str, run_id: str, tags: Mapping[str, str]) -> str:
+        return submit_run(job_name, run_id, tags, workspace=self.workspace)
