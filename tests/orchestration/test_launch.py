@@ -1,0 +1,169 @@
+"""The one launch path (orchestration/services/launch.py): run ids and the error mapping.
+
+The Dagster command lines themselves run for real in test_cli.py, test_cli_runs.py and
+test_ui_reexecution.py; here ``subprocess.run`` is replaced to reach every way a launch
+can fail without a broken Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from orchestration.manual import launch_manual
+from orchestration.services import launch
+from orchestration.services.launch import (
+    LAUNCH_TIMEOUT_SECONDS,
+    DagsterCliLauncher,
+    LaunchFailed,
+    manual_run_id,
+    reexecute_run,
+    retry_run_id,
+    run_id_from_reexecution,
+    submit_run,
+)
+from orchestration.tasks import TASKS
+from resources.core import tags as t
+from resources.ledger import RunLedger
+
+FakeRun = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def test_run_ids_are_the_ones_earlier_releases_derived() -> None:
+    # Pins the uuid5 namespaces: a changed run id would let a repeated request run twice.
+    assert manual_run_id("order_cleanup", "r1") == "9d90c556-a415-5b1a-b577-0b5140c08461"
+    assert retry_run_id(42) == "f32319a1-ea66-500d-899f-5f559f41d36f"
+
+
+def _replace_run(monkeypatch: pytest.MonkeyPatch, fake: FakeRun) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        assert kwargs["timeout"] == LAUNCH_TIMEOUT_SECONDS
+        return fake(cmd, **kwargs)
+
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    return calls
+
+
+def test_a_new_run_is_submitted_with_dagster_job_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
+    tags = {"dueledger/task": "order_cleanup"}
+    assert submit_run("order_cleanup_job", "run-1", tags) == "run-1"
+    [cmd] = calls
+    assert cmd[1:5] == ["-m", "dagster", "job", "launch"]
+    assert cmd[cmd.index("-j") + 1] == "order_cleanup_job"
+    assert cmd[cmd.index("--run-id") + 1] == "run-1"
+    assert json.loads(cmd[cmd.index("--tags") + 1]) == tags
+
+
+def test_the_retry_launcher_uses_the_same_submit_and_its_workspace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
+    workspace = tmp_path / "workspace.yaml"
+    launcher = DagsterCliLauncher(workspace)
+    assert launcher.launch_new("order_cleanup_job", "run-2", {}) == "run-2"
+    [cmd] = calls
+    assert cmd[cmd.index("-w") + 1] == str(workspace)
+
+
+@pytest.mark.parametrize(
+    ("fake", "message"),
+    [
+        (
+            lambda cmd, **_: subprocess.CompletedProcess(cmd, 2, "", "a\nb\nno such job\n"),
+            r"^`dagster job launch` exited 2: a \| b \| no such job$",
+        ),
+        (
+            lambda cmd, **_: subprocess.CompletedProcess(cmd, 1, "only stdout\n", ""),
+            r"exited 1: only stdout$",
+        ),
+        (
+            lambda cmd, **kw: (_ for _ in ()).throw(subprocess.TimeoutExpired(cmd, kw["timeout"])),
+            rf"^`dagster job launch` did not finish within {LAUNCH_TIMEOUT_SECONDS}s$",
+        ),
+        (
+            lambda cmd, **_: (_ for _ in ()).throw(FileNotFoundError("no python")),
+            r"^`dagster job launch` could not be started: no python$",
+        ),
+    ],
+    ids=["non-zero exit", "stdout when stderr is empty", "timeout", "cannot start"],
+)
+def test_every_way_a_submit_fails_is_one_launch_failed(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeRun, message: str
+) -> None:
+    _replace_run(monkeypatch, fake)
+    with pytest.raises(LaunchFailed, match=message):
+        submit_run("order_cleanup_job", "run-1", {})
+
+
+def test_a_re_execution_that_writes_no_result_is_a_launch_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
+    with pytest.raises(LaunchFailed, match="dagster-graphql gave no readable result"):
+        reexecute_run("parent-run", {"dueledger/trigger": "manual_retry"})
+    [cmd] = calls
+    variables = json.loads(cmd[cmd.index("-v") + 1])
+    assert variables["params"]["parentRunId"] == "parent-run"
+    assert variables["params"]["extraTags"] == [
+        {"key": "dueledger/trigger", "value": "manual_retry"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ({"errors": [{"message": "bad query"}]}, "launchRunReexecution failed: bad query"),
+        (
+            {"data": {"launchRunReexecution": {"__typename": "PythonError", "message": "boom"}}},
+            "returned PythonError: boom",
+        ),
+        ({"data": {}}, "returned nothing"),
+    ],
+)
+def test_a_re_execution_dagster_refused_is_a_launch_failed(
+    result: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(LaunchFailed, match=message):
+        run_id_from_reexecution(result)
+
+
+def test_a_successful_re_execution_gives_its_run_id() -> None:
+    payload = {"__typename": "LaunchRunSuccess", "run": {"runId": "new-run", "status": "QUEUED"}}
+    assert run_id_from_reexecution({"data": {"launchRunReexecution": payload}}) == "new-run"
+
+
+def test_a_manual_launch_that_times_out_leaves_its_entry_dispatch_failed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A timeout once escaped as subprocess.TimeoutExpired and was mapped by each caller.
+    def hang(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    _replace_run(monkeypatch, hang)
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.migrate()
+    with dg.instance_for_test() as instance, pytest.raises(LaunchFailed, match="did not finish"):
+        launch_manual(
+            TASKS,
+            "order_cleanup",
+            operator="ops",
+            reason="x",
+            request_id="r",
+            instance=instance,
+            ledger=ledger,
+        )
+    entry = ledger.find("order_cleanup", "manual:r")
+    assert entry is not None
+    assert (entry.status, entry.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
+    assert entry.error is not None and "did not finish within" in entry.error
+    ledger.dispose()
