@@ -159,7 +159,3 @@ main.add_command(reclaim_cmd)
 main.add_command(liveness_cmd)
 # `hooks` (plugin listeners and load errors) lives in orchestration/cli/hooks.py.
 main.add_command(hooks_cmd)
-
-
-if __name__ == "__main__":
-    main()
