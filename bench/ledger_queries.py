@@ -53,7 +53,7 @@ import sqlalchemy as sa
 
 from resources.core import tags
 from resources.ledger import RunLedger
-from resources.ledger_schema import entries
+from resources.ledger.schema import entries
 
 TARGET_P95_MS = 20.0
 PAGE = 50

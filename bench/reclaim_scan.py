@@ -52,7 +52,7 @@ from run import Row, write_json
 
 from resources.core import tags
 from resources.ledger import RunLedger
-from resources.ledger_schema import entries
+from resources.ledger.schema import entries
 
 TARGET_SCAN_MS = 50.0
 RECLAIM_LIMIT = 1000  # RunLedger.reclaim_expired's default limit

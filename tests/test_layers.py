@@ -248,7 +248,7 @@ def project_imports() -> list[Import]:
 
 def test_the_reader_sees_the_project(project_imports: list[Import]) -> None:
     edges = {(i.source, i.target) for i in project_imports}
-    assert ("resources.ledger", "resources.core.tags") in edges
+    assert ("resources.ledger.transitions", "resources.core.tags") in edges
     assert ("orchestration.definitions", "sensors") in edges
 
 

@@ -10,7 +10,7 @@ from run import KIND_CHECK, read_json
 
 from resources.core import tags
 from resources.ledger import RunLedger
-from resources.ledger_schema import entries
+from resources.ledger.schema import entries
 
 ENTRIES, EXPIRED = 2000, 20
 

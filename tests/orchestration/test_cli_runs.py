@@ -29,7 +29,7 @@ from resources.ledger import (
     dedup_key_for_request,
     dedup_key_for_retry,
 )
-from resources.ledger_schema import entries
+from resources.ledger.schema import entries
 
 TASK, OTHER = "order_cleanup", "service_lifecycle_maintenance"
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)

@@ -248,7 +248,7 @@ def _audit_without_entry(h: Harness) -> list[dict[str, Any]]:
     """Audit records with no entry id (audit_for() cannot name them): read the table."""
     import sqlalchemy as sa
 
-    from resources.ledger_schema import audit
+    from resources.ledger.schema import audit
 
     engine = sa.create_engine(h.ledger.url)
     try:

@@ -23,6 +23,7 @@ from alembic.script import ScriptDirectory
 from contract import ENTRY_KEYS
 
 from resources.core import tags
+from resources.core.slots import format_due
 from resources.ledger import (
     MAX_ERROR_CHARS,
     MIGRATIONS_DIR,
@@ -35,10 +36,9 @@ from resources.ledger import (
     dedup_key_for_due,
     dedup_key_for_request,
     dedup_key_for_retry,
-    format_due,
     origin_of,
 )
-from resources.ledger_schema import ENTRIES_TABLE, VERSION_TABLE, entries, metadata
+from resources.ledger.schema import ENTRIES_TABLE, VERSION_TABLE, entries, metadata
 
 # --- named instants --------------------------------------------------------------------------
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)

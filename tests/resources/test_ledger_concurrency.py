@@ -22,7 +22,7 @@ from alembic.script import ScriptDirectory
 
 from resources.core import tags
 from resources.ledger import MIGRATIONS_DIR, RunLedger, dedup_key_for_due, dedup_key_for_request
-from resources.ledger_schema import VERSION_TABLE, entries
+from resources.ledger.schema import VERSION_TABLE, entries
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 TTL = timedelta(minutes=5)

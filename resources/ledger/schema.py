@@ -1,6 +1,6 @@
 """Table definitions of the run ledger (SQLAlchemy Core), shared by the code and its tests.
 
-The tables themselves are created by the Alembic migrations in ``resources/migrations``
+The tables themselves are created by the Alembic migrations in ``resources/ledger/migrations``
 (``RunLedger.migrate()``); this module describes the *current* shape so that queries can
 be built from it. A test compares it with what the migrations produce, so the two cannot
 drift apart unnoticed.

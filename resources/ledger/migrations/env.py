@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from resources.ledger_schema import VERSION_TABLE, metadata
+from resources.ledger.schema import VERSION_TABLE, metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:

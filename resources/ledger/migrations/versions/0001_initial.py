@@ -5,7 +5,7 @@ Revises:
 Create Date: 2026-11-30
 
 Frozen: this file describes the schema as first released. Later changes are new,
-additive revisions; ``resources/ledger_schema.py`` describes the current shape.
+additive revisions; ``resources/ledger/schema.py`` describes the current shape.
 """
 
 from __future__ import annotations

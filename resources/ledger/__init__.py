@@ -1,0 +1,103 @@
+"""The run ledger: one row per logical execution request, with leases, retries and lineage.
+
+``RunLedger`` is a Dagster resource over SQLAlchemy Core that behaves the same on SQLite
+(local default) and PostgreSQL (production). It enforces the ledger rules of DESIGN.md:
+
+- an entry is created insert-or-ignore on ``(task_key, origin, dedup_key)``, so a due, a
+  manual request or a retry can exist once only;
+- a run *claims* its entry (``queued|retrying -> running``) by one conditional UPDATE, with a
+  lease it renews by heartbeat; everything else is a late or duplicate run, recorded in the
+  entry's ``summary.late_job_rejections`` and otherwise ignored;
+- terminal states (``success``, ``failed``) are never overwritten; rows are never deleted.
+
+Where each part lives:
+
+- ``resources/core/entries.py`` — vocabulary (origins, claimable statuses, limits) and the
+  dedup-key helpers (Dagster-free, layer 1);
+- ``schema.py`` — the tables; ``migrations/`` — the Alembic revisions that create them;
+- ``model.py`` — ``Entry``, ``ClaimResult``, the errors, time and summary helpers;
+- ``statements.py`` — the prebuilt SQL per dialect;
+- ``engine.py`` — engine creation, connections, the raw-DBAPI hot path on psycopg2, errors;
+- ``migrate.py`` — the Alembic runner and the once-per-process memo;
+- ``store.py`` — configuration and per-process plumbing (fork handling);
+- ``queries.py`` — the read side; ``transitions.py`` — the compare-and-set state changes;
+- ``resource.py`` — ``RunLedger`` itself, which migrates once per process at set-up.
+
+Times: the API takes and returns timezone-aware UTC datetimes; the database stores them
+timezone-naive in UTC. Every operation takes ``now=`` so tests and callers inject the clock.
+"""
+
+from resources.core.entries import (
+    CLAIMABLE_STATUSES,
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_MAX_ATTEMPTS,
+    DISPATCHABLE_STATUSES,
+    MAX_DISPATCH_FAILURES,
+    MAX_ERROR_CHARS,
+    MAX_HOOK_RESULTS,
+    MAX_LATE_JOB_REJECTIONS,
+    MAX_RUN_ID_CHARS,
+    ORIGIN_BACKFILL,
+    ORIGIN_DUE,
+    ORIGIN_MANUAL,
+    ORIGIN_RETRY,
+    ORIGINS,
+    RUN_FAILURE_KINDS,
+    SUMMARY_DISPATCH_FAILURES,
+    SUMMARY_HOOKS,
+    SUMMARY_KEYS,
+    SUMMARY_REJECTIONS,
+    dedup_key_for_backfill,
+    dedup_key_for_due,
+    dedup_key_for_request,
+    dedup_key_for_retry,
+    origin_of,
+)
+from resources.ledger.engine import mask_url
+from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
+from resources.ledger.model import (
+    ClaimResult,
+    Entry,
+    LedgerError,
+    UnknownEntryError,
+    format_duration,
+    truncate_error,
+)
+from resources.ledger.resource import RunLedger
+
+__all__ = [
+    "CLAIMABLE_STATUSES",
+    "DEFAULT_LIST_LIMIT",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DISPATCHABLE_STATUSES",
+    "MAX_DISPATCH_FAILURES",
+    "MAX_ERROR_CHARS",
+    "MAX_HOOK_RESULTS",
+    "MAX_LATE_JOB_REJECTIONS",
+    "MAX_RUN_ID_CHARS",
+    "MIGRATIONS_DIR",
+    "MIGRATION_LOCK_KEY",
+    "ORIGINS",
+    "ORIGIN_BACKFILL",
+    "ORIGIN_DUE",
+    "ORIGIN_MANUAL",
+    "ORIGIN_RETRY",
+    "RUN_FAILURE_KINDS",
+    "SUMMARY_DISPATCH_FAILURES",
+    "SUMMARY_HOOKS",
+    "SUMMARY_KEYS",
+    "SUMMARY_REJECTIONS",
+    "ClaimResult",
+    "Entry",
+    "LedgerError",
+    "RunLedger",
+    "UnknownEntryError",
+    "dedup_key_for_backfill",
+    "dedup_key_for_due",
+    "dedup_key_for_request",
+    "dedup_key_for_retry",
+    "format_duration",
+    "mask_url",
+    "origin_of",
+    "truncate_error",
+]

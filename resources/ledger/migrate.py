@@ -1,0 +1,67 @@
+"""Ledger schema migrations: the Alembic runner.
+
+``upgrade`` applies the Alembic revisions in ``resources/ledger/migrations`` up to head. It
+is idempotent and safe when processes race: cheap when the schema is already at head (one
+read, no lock); otherwise the upgrade runs in one transaction that first takes a
+cross-process lock (PostgreSQL: ``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMEDIATE``), so
+a second process waits, then finds the schema at head and does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Final
+
+import sqlalchemy as sa
+
+from resources.ledger.engine import TX_OPTION, Runtime, mask_url
+from resources.ledger.model import LedgerError
+from resources.ledger.schema import VERSION_TABLE
+
+#: Key of the PostgreSQL advisory lock that serialises concurrent ``migrate()`` calls.
+MIGRATION_LOCK_KEY: Final = int.from_bytes(b"dueledgr", "big") & 0x7FFF_FFFF_FFFF_FFFF
+MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
+
+
+@functools.cache
+def migration_head() -> str:
+    """The head revision of the ledger migrations shipped with this code."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    assert head is not None, f"no migrations in {MIGRATIONS_DIR}"
+    return head
+
+
+def upgrade(runtime: Runtime) -> None:
+    """Apply the migrations up to head on ``runtime``'s database (see the module docstring)."""
+    # Alembic is loaded when a migration check runs, not by every importer of the ledger.
+    from alembic import command
+    from alembic.config import Config
+    from alembic.util import CommandError
+
+    head = migration_head()
+    try:
+        with runtime.engine.connect() as conn:
+            if runtime.sqlite:
+                conn.execution_options(**{TX_OPTION: "read"})
+            current = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
+        if current == [(head,)]:
+            return
+    except sa.exc.DBAPIError:
+        pass  # no version table yet (or unreadable): the locked path below decides
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with runtime.connect("write") as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        config.attributes["connection"] = conn
+        try:
+            command.upgrade(config, "head")
+        except CommandError as exc:
+            # Typically a database migrated by a newer dueledger than this one.
+            raise LedgerError(
+                f"cannot migrate the ledger in {mask_url(runtime.url)}: {exc}; this code knows "
+                f"revisions up to {head!r}: deploy the dueledger version that migrated it"
+            ) from exc

@@ -1,0 +1,293 @@
+"""The ledger's value objects and the pure helpers around them (no database, no Dagster).
+
+``Entry`` is one stored row, times timezone-aware UTC; the helpers convert times at the
+database boundary (stored timezone-naive UTC), keep the JSON ``summary`` lists bounded,
+word refusals, validate arguments and encode the keyset cursor of ``list_entries``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from resources.core import tags
+from resources.core.checks import require_aware, require_text
+from resources.core.entries import (
+    CLAIMABLE_STATUSES,
+    MAX_ERROR_CHARS,
+    MAX_RUN_ID_CHARS,
+    SUMMARY_DISPATCH_FAILURES,
+    SUMMARY_KEYS,
+)
+from resources.core.slots import format_due
+
+
+class LedgerError(RuntimeError):
+    """The ledger database cannot be used (unreachable, locked, not migrated, bad URL).
+
+    The message names the database (password masked) and what to do about it.
+    """
+
+
+class UnknownEntryError(ValueError):
+    """An operation named a ledger entry id that does not exist."""
+
+
+def truncate_error(error: str) -> str:
+    """Bound an error text to MAX_ERROR_CHARS, saying how much was cut."""
+    text = str(error)
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    marker = f"\n... [truncated: {len(text)} characters in total]"
+    return text[: MAX_ERROR_CHARS - len(marker)] + marker
+
+
+def format_duration(delta: timedelta) -> str:
+    """A short human duration such as ``2h 05m 13s`` (negative values read as ``0s``)."""
+    total = max(0, int(delta.total_seconds()))
+    hours, rest = divmod(total, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m {seconds:02d}s"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"
+
+
+def to_db(dt: datetime | None, name: str) -> datetime | None:
+    """Aware datetime -> naive UTC for storage."""
+    if dt is None:
+        return None
+    return require_aware(dt, name).astimezone(UTC).replace(tzinfo=None)
+
+
+def from_db(dt: datetime | None) -> datetime | None:
+    """Stored naive UTC -> aware UTC."""
+    return None if dt is None else dt.replace(tzinfo=UTC)
+
+
+def iso(dt: datetime | None) -> str | None:
+    """ISO-8601 UTC with a trailing Z, microsecond precision."""
+    if dt is None:
+        return None
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def with_summary_lists(raw: object) -> dict[str, Any]:
+    """A summary dict that always carries the three contract lists."""
+    data: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
+    for key in SUMMARY_KEYS:
+        if not isinstance(data.get(key), list):
+            data[key] = []
+    return data
+
+
+def appended(summary: Mapping[str, Any], key: str, item: Any, keep: int) -> dict[str, Any]:
+    """Copy of ``summary`` with ``item`` appended to list ``key``, keeping the newest ``keep``."""
+    new = with_summary_lists(summary)
+    new[key] = [*new[key], item][-keep:]
+    return new
+
+
+# --- value objects ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger entry as stored (times timezone-aware UTC)."""
+
+    id: int
+    task_key: str
+    trigger: str
+    origin: str
+    dedup_key: str
+    due: datetime | None
+    status: str
+    attempt: int
+    max_attempts: int
+    parent_id: int | None
+    run_ids: tuple[str, ...]
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    heartbeat_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    operator: str | None
+    reason: str | None
+    failure_kind: str | None
+    error: str | None
+    summary: dict[str, Any] = field(hash=False)
+    manual_retry_at: datetime | None
+    manual_retry_by: str | None
+
+    @property
+    def label(self) -> str:
+        """``task@due`` for scheduled entries, ``task[dedup_key]`` otherwise (for messages)."""
+        if self.due is not None:
+            return f"{self.task_key}@{format_due(self.due)}"
+        return f"{self.task_key}[{self.dedup_key}]"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in tags.TERMINAL_STATUSES
+
+    @property
+    def dispatch_failure_run_ids(self) -> frozenset[str]:
+        """The runs recorded in ``summary.dispatch_failures``: they ended before claiming."""
+        return frozenset(
+            str(item["run_id"])
+            for item in self.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+            if isinstance(item, Mapping) and item.get("run_id")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract's JSON shape of an entry (DESIGN.md), plus a few extra fields."""
+        summary = with_summary_lists(self.summary)
+        return {
+            "id": self.id,
+            "task_key": self.task_key,
+            "trigger": self.trigger,
+            "dedup_key": self.dedup_key,
+            "due": format_due(self.due) if self.due is not None else None,
+            "status": self.status,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "parent_id": self.parent_id,
+            "run_ids": list(self.run_ids),
+            "lease_expires_at": iso(self.lease_expires_at),
+            "failure_kind": self.failure_kind,
+            "error": self.error,
+            "operator": self.operator,
+            "reason": self.reason,
+            "manual_retry_by": self.manual_retry_by,
+            "manual_retry_at": iso(self.manual_retry_at),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "summary": json.loads(json.dumps(summary)),
+            "origin": self.origin,
+            "lease_owner": self.lease_owner,
+            "heartbeat_at": iso(self.heartbeat_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+        }
+
+
+def entry_from_row(row: Mapping[Any, Any]) -> Entry:
+    created = from_db(row["created_at"])
+    updated = from_db(row["updated_at"])
+    assert created is not None and updated is not None  # NOT NULL columns
+    return Entry(
+        id=int(row["id"]),
+        task_key=row["task_key"],
+        trigger=row["trigger"],
+        origin=row["origin"],
+        dedup_key=row["dedup_key"],
+        due=from_db(row["due"]),
+        status=row["status"],
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max_attempts"]),
+        parent_id=None if row["parent_id"] is None else int(row["parent_id"]),
+        run_ids=tuple(row["run_ids"] or ()),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=from_db(row["lease_expires_at"]),
+        heartbeat_at=from_db(row["heartbeat_at"]),
+        created_at=created,
+        started_at=from_db(row["started_at"]),
+        finished_at=from_db(row["finished_at"]),
+        updated_at=updated,
+        operator=row["operator"],
+        reason=row["reason"],
+        failure_kind=row["failure_kind"],
+        error=row["error"],
+        summary=with_summary_lists(row["summary"]),
+        manual_retry_at=from_db(row["manual_retry_at"]),
+        manual_retry_by=row["manual_retry_by"],
+    )
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """Outcome of :meth:`RunLedger.claim`: the entry's state after the call and, if refused, why."""
+
+    claimed: bool
+    entry: Entry
+    reason: str | None
+
+
+def who(entry: Entry) -> str:
+    return f"entry {entry.id} {entry.label}"
+
+
+def state_words(entry: Entry) -> str:
+    """The entry's state in words, for rejection reasons."""
+    if entry.status == tags.STATUS_RUNNING:
+        return f"running under run {entry.lease_owner} (lease until {iso(entry.lease_expires_at)})"
+    if entry.status == tags.STATUS_FAILED and entry.failure_kind:
+        return f"failed ({entry.failure_kind})"
+    return entry.status
+
+
+def claim_refusal(entry: Entry) -> str:
+    """Why ``entry`` cannot be claimed, as one sentence."""
+    subject = who(entry)
+    if entry.status == tags.STATUS_SUCCESS:
+        return f"{subject} is already success: duplicate run, nothing done"
+    if entry.status == tags.STATUS_FAILED:
+        return (
+            f"{subject} is already {state_words(entry)}: late run, nothing done; another "
+            f"attempt needs a manual retry (dueledger runs retry {entry.id})"
+        )
+    if entry.status == tags.STATUS_RUNNING:
+        return f"{subject} is already {state_words(entry)}: duplicate run, nothing done"
+    if entry.status == tags.STATUS_DISPATCH_FAILED:
+        return f"{subject} is dispatch_failed: it must be re-dispatched before a run may claim it"
+    if entry.status in CLAIMABLE_STATUSES:
+        return (
+            f"{subject} is {entry.status} but its attempts are exhausted "
+            f"({entry.attempt} of {entry.max_attempts} used): nothing done"
+        )
+    return f"{subject} has unknown status {entry.status!r}: nothing done"
+
+
+# --- validation and cursors --------------------------------------------------------------------
+
+
+def check_id(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+def check_run_id(run_id: object) -> str:
+    text = require_text(run_id, "run_id")
+    if len(text) > MAX_RUN_ID_CHARS:
+        raise ValueError(f"run_id {text[:40]!r}... is longer than {MAX_RUN_ID_CHARS} characters")
+    return text
+
+
+def check_ttl(lease_ttl: object) -> timedelta:
+    if not isinstance(lease_ttl, timedelta) or lease_ttl <= timedelta(0):
+        raise ValueError(f"lease_ttl must be a positive timedelta, got {lease_ttl!r}")
+    return lease_ttl
+
+
+def encode_cursor(entry: Entry) -> str:
+    raw = f"{iso(entry.created_at)}|{entry.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_text, id_text = base64.urlsafe_b64decode(padded).decode().split("|")
+        created = datetime.strptime(created_text, "%Y-%m-%dT%H:%M:%S.%fZ")
+        return created, int(id_text)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValueError(f"cursor {cursor!r} is not a cursor returned by a previous page") from None

@@ -1,0 +1,178 @@
+"""The base of the ``RunLedger`` resource: configuration, the per-process engine, connections.
+
+:class:`LedgerStore` holds what every ledger operation needs: the configured URL and lock
+timeout, the :class:`~resources.ledger.engine.Runtime` built on first use in a process (and
+rebuilt after a fork), connections in the three modes, the hot path, row loading and the
+shared summary writes. The read side (``queries.py``) and the compare-and-set write side
+(``transitions.py``) build on it; ``resource.py`` joins them into ``RunLedger``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import Field, PrivateAttr
+from sqlalchemy.engine import Connection, Engine
+
+from resources.core.checks import require_aware
+from resources.core.entries import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS
+from resources.core.settings import ENV_DATABASE_URL, load_settings
+from resources.ledger import migrate as migrations
+from resources.ledger.engine import Mode, Runtime, build_runtime
+from resources.ledger.model import (
+    Entry,
+    UnknownEntryError,
+    appended,
+    check_id,
+    entry_from_row,
+    iso,
+    to_db,
+)
+from resources.ledger.schema import entries
+from resources.ledger.statements import statements_for
+
+
+class LedgerStore(dg.ConfigurableResource):
+    """Configuration and database plumbing of the run ledger (see :class:`RunLedger`)."""
+
+    database_url: str | None = Field(
+        default=None,
+        description=(
+            "SQLAlchemy URL of the ledger database (sqlite:/// or postgresql+psycopg2://). "
+            f"None: resources.core.settings decides ({ENV_DATABASE_URL}, else a SQLite file "
+            "under DAGSTER_HOME)."
+        ),
+    )
+    busy_timeout_ms: int = Field(
+        default=30_000,
+        description=(
+            "How long to wait for a lock: SQLite busy timeout, PostgreSQL lock_timeout "
+            "(milliseconds)."
+        ),
+    )
+
+    # Everything built on first use, in one object: one attribute lookup on the hot path.
+    _runtime: Runtime | None = PrivateAttr(default=None)
+
+    @property
+    def url(self) -> str:
+        """The database URL in use (from config, else from the settings)."""
+        return self.database_url or load_settings().ledger_url
+
+    @property
+    def dialect_name(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._rt().engine.dialect.name
+
+    def _rt(self) -> Runtime:
+        runtime = self._runtime
+        if runtime is None or runtime.pid != os.getpid():
+            inherited = None
+            if runtime is not None:
+                # Inherited through fork: never use the parent's pooled connections.
+                runtime.engine.dispose(close=False)
+                inherited = runtime
+            runtime = build_runtime(self.url, self.busy_timeout_ms, inherited)
+            self._runtime = runtime
+        return runtime
+
+    def _get_engine(self) -> Engine:
+        """The SQLAlchemy engine (created on first use, per process)."""
+        return self._rt().engine
+
+    def dispose(self) -> None:
+        """Close pooled connections (the engine is recreated on next use)."""
+        runtime = self._runtime
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.close_idle()
+            runtime.engine.dispose()
+        self._runtime = None
+
+    def migrate(self) -> None:
+        """Apply the Alembic migrations up to head. Idempotent; safe when processes race.
+
+        Cheap when the schema is already at head (one read, no lock). Otherwise the upgrade
+        runs in one transaction that first takes a cross-process lock (PostgreSQL:
+        ``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMEDIATE``), so a second process waits,
+        then finds the schema at head and does nothing.
+        """
+        migrations.upgrade(self._rt())
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection in a write transaction, committed on success, rolled back on error.
+
+        For multi-statement operations (a manual retry writes the parent stamp, the child
+        entry and the audit record together): pass it as ``connection=`` to
+        :meth:`ensure_entry`, :meth:`get` (``for_update=True``), :meth:`mark_manual_retry`
+        and :meth:`write_audit`. On SQLite it holds the database write lock throughout;
+        keep it short.
+        """
+        with self._connect("write") as conn:
+            yield conn
+
+    # --- plumbing for the operations ------------------------------------------------------
+
+    def _connect(self, mode: Mode) -> contextlib.AbstractContextManager[Connection]:
+        """A connection in ``mode`` (see :meth:`Runtime.connect`)."""
+        return self._rt().connect(mode)
+
+    def _hot(self, name: str, params: dict[str, Any], *, returning: bool) -> Any:
+        """Hot-path statement ``name`` as one autocommit statement (see :meth:`Runtime.hot`)."""
+        return self._rt().hot(name, params, returning=returning)
+
+    @contextlib.contextmanager
+    def _maybe(self, connection: Connection | None) -> Iterator[Connection]:
+        if connection is not None:
+            yield connection
+        else:
+            with self._connect("autocommit") as conn:
+                yield conn
+
+    def _now(self, now: datetime | None) -> datetime:
+        return datetime.now(UTC) if now is None else require_aware(now, "now").astimezone(UTC)
+
+    def _load(self, conn: Connection, entry_id: int, *, lock: bool = False) -> Entry:
+        sql = statements_for(conn.dialect.name)
+        query = sql.select_for_update if lock else sql.select_by_id
+        row = conn.execute(query, {"b_id": check_id(entry_id, "entry_id")}).mappings().first()
+        if row is None:
+            raise UnknownEntryError(
+                f"ledger entry {entry_id} does not exist (list entries with `dueledger runs list`)"
+            )
+        return entry_from_row(row)
+
+    def _record_rejection(
+        self, conn: Connection, entry: Entry, run_id: str, at: datetime, action: str, reason: str
+    ) -> Entry:
+        """Append a rejection to the (locked) entry's summary; state columns stay as they are."""
+        item = {
+            "run_id": run_id,
+            "at": iso(at),
+            "status": entry.status,
+            "action": action,
+            "reason": reason,
+        }
+        summary = appended(entry.summary, SUMMARY_REJECTIONS, item, MAX_LATE_JOB_REJECTIONS)
+        return self._set_summary(conn, entry.id, summary, at)
+
+    def _set_summary(
+        self, conn: Connection, entry_id: int, summary: dict[str, Any], at: datetime
+    ) -> Entry:
+        row = (
+            conn.execute(
+                sa.update(entries)
+                .where(entries.c.id == entry_id)
+                .values(summary=summary, updated_at=to_db(at, "now"))
+                .returning(*entries.c)
+            )
+            .mappings()
+            .one()
+        )
+        return entry_from_row(row)

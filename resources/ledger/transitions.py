@@ -1,0 +1,540 @@
+"""The write side of the ledger: every state change, as a compare-and-set.
+
+- State transitions are compare-and-set: a single ``UPDATE ... WHERE id = :id AND status IN
+  (...) [AND lease_owner = :run]`` whose row count (or RETURNING row) says whether it won.
+  They run on an autocommit connection: one statement, one round trip, atomic on its own.
+- Changes to the JSON ``summary`` are read-modify-write, so they run in a transaction that
+  holds the row: ``SELECT ... FOR UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` (the database
+  write lock) on SQLite. A refused claim re-decides inside that transaction, so every
+  interleaving ends either claimed or recorded as a rejection.
+- Terminal states (``success``, ``failed``) are never overwritten; rows are never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from resources.core import tags
+from resources.core.checks import require_text
+from resources.core.entries import (
+    CLAIMABLE_STATUSES,
+    DEFAULT_MAX_ATTEMPTS,
+    DISPATCHABLE_STATUSES,
+    MAX_DISPATCH_FAILURES,
+    MAX_HOOK_RESULTS,
+    ORIGIN_DUE,
+    RUN_FAILURE_KINDS,
+    SUMMARY_DISPATCH_FAILURES,
+    SUMMARY_HOOKS,
+    origin_of,
+)
+from resources.core.slots import format_due, parse_due
+from resources.ledger.model import (
+    ClaimResult,
+    Entry,
+    appended,
+    check_id,
+    check_run_id,
+    check_ttl,
+    claim_refusal,
+    entry_from_row,
+    format_duration,
+    iso,
+    state_words,
+    to_db,
+    truncate_error,
+    who,
+    with_summary_lists,
+)
+from resources.ledger.schema import audit, entries
+from resources.ledger.statements import statements_for
+from resources.ledger.store import LedgerStore
+
+
+class LedgerTransitions(LedgerStore):
+    """The state-changing operations of :class:`RunLedger` (DESIGN.md "Ledger rules")."""
+
+    def ensure_entry(
+        self,
+        *,
+        task_key: str,
+        trigger: str,
+        dedup_key: str,
+        due: datetime | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        operator: str | None = None,
+        reason: str | None = None,
+        parent_id: int | None = None,
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> Entry:
+        """Insert the entry unless ``(task_key, origin, dedup_key)`` exists; return the row.
+
+        Insert-or-ignore (``ON CONFLICT DO NOTHING``) on both dialects: concurrent callers
+        with the same key all get the one row, whichever inserted it. The origin is the
+        key's prefix. For ``due:`` keys, ``due`` defaults to the time in the key and must
+        match it when given. ``connection`` runs it inside a caller's :meth:`transaction`.
+        """
+        require_text(task_key, "task_key")
+        if trigger not in tags.TRIGGERS:
+            raise ValueError(f"trigger {trigger!r} is not one of {', '.join(tags.TRIGGERS)}")
+        origin = origin_of(dedup_key)
+        if origin == ORIGIN_DUE:
+            key_due = parse_due(dedup_key.removeprefix(f"{ORIGIN_DUE}:"))
+            if due is not None and to_db(due, "due") != to_db(key_due, "due"):
+                raise ValueError(
+                    f"due {format_due(due)} does not match dedup_key {dedup_key!r}; "
+                    f"build the key with dedup_key_for_due(due)"
+                )
+            due = key_due
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        if parent_id is not None:
+            check_id(parent_id, "parent_id")
+        at = to_db(self._now(now), "now")
+        values: dict[str, Any] = {
+            "task_key": task_key,
+            "trigger": trigger,
+            "origin": origin,
+            "dedup_key": dedup_key,
+            "due": to_db(due, "due"),
+            "status": tags.STATUS_QUEUED,
+            "attempt": 0,
+            "max_attempts": max_attempts,
+            "parent_id": parent_id,
+            "run_ids": [],
+            "created_at": at,
+            "updated_at": at,
+            "operator": operator,
+            "reason": reason,
+            "summary": with_summary_lists(None),
+        }
+        existing = sa.select(entries).where(
+            entries.c.task_key == task_key,
+            entries.c.origin == origin,
+            entries.c.dedup_key == dedup_key,
+        )
+        with self._maybe(connection) as conn:
+            try:
+                row = (
+                    conn.execute(statements_for(conn.dialect.name).insert_entry, values)
+                    .mappings()
+                    .first()
+                )
+            except sa.exc.IntegrityError as exc:
+                # The only other constraint an insert can break is the parent foreign key.
+                raise ValueError(
+                    f"parent_id {parent_id} is not an existing ledger entry ({exc.orig})"
+                ) from None
+            if row is None:
+                row = conn.execute(existing).mappings().one()
+        return entry_from_row(row)
+
+    def claim(
+        self, entry_id: int, run_id: str, *, lease_ttl: timedelta, now: datetime | None = None
+    ) -> ClaimResult:
+        """Claim the entry for ``run_id``: ``queued|retrying -> running`` with a lease.
+
+        Compare-and-set: one conditional UPDATE, which also counts the attempt and appends
+        the run id. Re-entrant for the lease owner. Anything else is a late or duplicate
+        run: refused, recorded in ``summary.late_job_rejections``, state untouched. An
+        entry whose attempts are used up is never claimed.
+        """
+        check_run_id(run_id)
+        ttl = check_ttl(lease_ttl)
+        at = self._now(now)
+        entry_id = check_id(entry_id, "entry_id")
+        params = {
+            "b_id": entry_id,
+            "b_run_id": run_id,
+            "b_now": to_db(at, "now"),
+            "b_expires": to_db(at + ttl, "now"),
+        }
+        row = self._hot("claim", params, returning=True)
+        if row is not None:
+            return ClaimResult(claimed=True, entry=entry_from_row(row), reason=None)
+        # Slow path: decide again while holding the row, so the answer and the record agree.
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            if entry.status == tags.STATUS_RUNNING and entry.lease_owner == run_id:
+                return ClaimResult(claimed=True, entry=entry, reason=None)
+            if entry.status in CLAIMABLE_STATUSES and entry.attempt < entry.max_attempts:
+                # It became claimable since the first UPDATE (e.g. a failure -> retrying).
+                row = conn.execute(self._rt().sql.claim, params).mappings().one()
+                return ClaimResult(claimed=True, entry=entry_from_row(row), reason=None)
+            reason = claim_refusal(entry)
+            entry = self._record_rejection(conn, entry, run_id, at, "claim", reason)
+        return ClaimResult(claimed=False, entry=entry, reason=reason)
+
+    def heartbeat(
+        self, entry_id: int, run_id: str, *, lease_ttl: timedelta, now: datetime | None = None
+    ) -> bool:
+        """Extend the lease to ``now + lease_ttl``. Only the owner of a running entry may.
+
+        False means the run no longer owns the entry (reclaimed, finished, or never claimed
+        by it): it should stop doing side effects.
+        """
+        check_run_id(run_id)
+        ttl = check_ttl(lease_ttl)
+        at = self._now(now)
+        params = {
+            "b_id": check_id(entry_id, "entry_id"),
+            "b_run_id": run_id,
+            "b_now": to_db(at, "now"),
+            "b_expires": to_db(at + ttl, "now"),
+        }
+        return bool(self._hot("heartbeat", params, returning=False) == 1)
+
+    def succeed(self, entry_id: int, run_id: str, *, now: datetime | None = None) -> bool:
+        """``running -> success`` for the lease owner; clears the lease.
+
+        Otherwise (late completion after a reclaim, a duplicate run, ...) the entry is left
+        as it is, the attempt is recorded as a rejection and False is returned.
+        """
+        check_run_id(run_id)
+        at = self._now(now)
+        entry_id = check_id(entry_id, "entry_id")
+        params = {"b_id": entry_id, "b_run_id": run_id, "b_now": to_db(at, "now")}
+        if self._hot("succeed", params, returning=False) == 1:
+            return True
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            reason = f"late completion from run {run_id}: {who(entry)} is {state_words(entry)}"
+            self._record_rejection(conn, entry, run_id, at, "succeed", f"{reason}; nothing changed")
+        return False
+
+    def fail(
+        self,
+        entry_id: int,
+        run_id: str,
+        *,
+        error: str,
+        kind: str = tags.FAILURE_ERROR,
+        now: datetime | None = None,
+    ) -> Entry:
+        """The owner's run failed: ``running -> retrying`` with attempts left, else ``failed``.
+
+        ``kind`` is ``error``, ``timeout`` or ``unsupported_task`` (always ``failed``: a task
+        the code location no longer declares cannot be retried). The error is kept
+        (truncated to 4000 characters). From anyone but the running owner this is a late
+        report: recorded as a rejection, state untouched (success is never overwritten).
+        Returns the entry after the call.
+        """
+        check_run_id(run_id)
+        if kind not in RUN_FAILURE_KINDS:
+            if kind == tags.FAILURE_LEASE_RECLAIMED:
+                raise ValueError(
+                    "kind 'lease_reclaimed' is set by reclaim_expired(), not reported by a run"
+                )
+            if kind == tags.FAILURE_DISPATCH:
+                raise ValueError(
+                    "kind 'dispatch' is set by record_dispatch_failure(), not reported by a run"
+                )
+            raise ValueError(f"failure kind {kind!r} is not one of {', '.join(RUN_FAILURE_KINDS)}")
+        text = truncate_error(error)
+        at = self._now(now)
+        entry_id = check_id(entry_id, "entry_id")
+        params = {
+            "b_id": entry_id,
+            "b_run_id": run_id,
+            "b_now": to_db(at, "now"),
+            "b_kind": kind,
+            "b_error": text,
+        }
+        row = self._hot("fail", params, returning=True)
+        if row is not None:
+            return entry_from_row(row)
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            first_line = text.strip().splitlines()[0][:200] if text.strip() else ""
+            reason = (
+                f"late failure report from run {run_id} ({kind}: {first_line}): "
+                f"{who(entry)} is {state_words(entry)}; nothing changed"
+            )
+            return self._record_rejection(conn, entry, run_id, at, "fail", reason)
+
+    def reject(
+        self, entry_id: int, run_id: str, *, reason: str, now: datetime | None = None
+    ) -> Entry:
+        """Record that ``run_id`` was a late or duplicate run for this entry; state untouched."""
+        check_run_id(run_id)
+        require_text(reason, "reason")
+        at = self._now(now)
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            return self._record_rejection(conn, entry, run_id, at, "reject", reason)
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def record_dispatch_failure(
+        self,
+        entry_id: int,
+        *,
+        error: str,
+        run_id: str | None = None,
+        now: datetime | None = None,
+    ) -> Entry:
+        """The launch of a run for this entry failed: ``queued|retrying -> dispatch_failed``.
+
+        Not a business failure: kind ``dispatch``; the error is appended to
+        ``summary.dispatch_failures`` (newest 5 kept). A running or terminal entry is left
+        untouched (the failed launch was a duplicate). Returns the entry after the call.
+        """
+        text = truncate_error(error)
+        if run_id is not None:
+            check_run_id(run_id)
+        at = self._now(now)
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            if entry.status not in DISPATCHABLE_STATUSES:
+                return entry
+            item = {"at": iso(at), "error": text, "run_id": run_id}
+            summary = appended(
+                entry.summary, SUMMARY_DISPATCH_FAILURES, item, MAX_DISPATCH_FAILURES
+            )
+            row = (
+                conn.execute(
+                    sa.update(entries)
+                    .where(entries.c.id == entry.id)
+                    .values(
+                        status=tags.STATUS_DISPATCH_FAILED,
+                        failure_kind=tags.FAILURE_DISPATCH,
+                        error=text,
+                        summary=summary,
+                        updated_at=to_db(at, "now"),
+                    )
+                    .returning(*entries.c)
+                )
+                .mappings()
+                .one()
+            )
+            return entry_from_row(row)
+
+    def redispatch(self, entry_id: int, *, now: datetime | None = None) -> bool:
+        """``dispatch_failed -> queued`` with the attempt count reset; earlier errors kept.
+
+        Refused (False) unless the entry is dispatch_failed, and once a manual retry has
+        been made of it (its child runs instead).
+        """
+        at = self._now(now)
+        stmt = (
+            sa.update(entries)
+            .where(
+                entries.c.id == check_id(entry_id, "entry_id"),
+                entries.c.status == tags.STATUS_DISPATCH_FAILED,
+                entries.c.manual_retry_at.is_(None),
+            )
+            .values(status=tags.STATUS_QUEUED, attempt=0, updated_at=to_db(at, "now"))
+        )
+        with self._connect("autocommit") as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    # --- leases ------------------------------------------------------------------------------
+
+    def reclaim_expired(
+        self, *, now: datetime | None = None, dry_run: bool = False, limit: int = 1000
+    ) -> list[Entry]:
+        """Running entries whose lease expired before ``now`` -> ``failed`` (lease_reclaimed).
+
+        Never re-run automatically: the run may have had side effects. Each entry is
+        reclaimed by its own compare-and-set (same owner, lease still expired), so a run that
+        heartbeats in between keeps its entry. Returns the reclaimed entries (after); with
+        ``dry_run`` the candidates, unchanged.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        at = self._now(now)
+        stamp = to_db(at, "now")
+        query = (
+            sa.select(entries)
+            .where(entries.c.status == tags.STATUS_RUNNING, entries.c.lease_expires_at < stamp)
+            .order_by(entries.c.lease_expires_at, entries.c.id)
+            .limit(limit)
+        )
+        with self._connect("autocommit") as conn:
+            candidates = [entry_from_row(r) for r in conn.execute(query).mappings()]
+            if dry_run:
+                return candidates
+            reclaimed = []
+            for entry in candidates:
+                expired_at = entry.lease_expires_at
+                assert expired_at is not None  # selected by lease_expires_at < now
+                heartbeat = iso(entry.heartbeat_at) or "never"
+                message = (
+                    f"lease of run {entry.lease_owner} expired at {iso(expired_at)}, "
+                    f"{format_duration(at - expired_at)} overdue (last heartbeat {heartbeat}); "
+                    f"reclaimed at {iso(at)}. Not re-run automatically: the run may have had "
+                    f"side effects. Check run {entry.lease_owner} in Dagster; to run it again "
+                    f"use `dueledger runs retry {entry.id} --acknowledge-side-effects`"
+                )
+                row = (
+                    conn.execute(
+                        sa.update(entries)
+                        .where(
+                            entries.c.id == entry.id,
+                            entries.c.status == tags.STATUS_RUNNING,
+                            entries.c.lease_owner == entry.lease_owner,
+                            entries.c.lease_expires_at < stamp,
+                        )
+                        .values(
+                            status=tags.STATUS_FAILED,
+                            failure_kind=tags.FAILURE_LEASE_RECLAIMED,
+                            error=truncate_error(message),
+                            lease_owner=None,
+                            lease_expires_at=None,
+                            finished_at=stamp,
+                            updated_at=stamp,
+                        )
+                        .returning(*entries.c)
+                    )
+                    .mappings()
+                    .first()
+                )
+                if row is not None:
+                    reclaimed.append(entry_from_row(row))
+        return reclaimed
+
+    # --- hooks, audit, manual retry support -------------------------------------------------
+
+    def record_hook_result(self, entry_id: int, result: dict[str, Any]) -> None:
+        """Append a hook outcome to ``summary.hooks`` (newest 20 kept)."""
+        if not isinstance(result, Mapping):
+            raise ValueError(f"hook result must be a dict, got {result!r}")
+        try:
+            item = json.loads(json.dumps(dict(result)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"hook result {result!r} is not JSON-serialisable: {exc}") from None
+        at = self._now(None)
+        with self._connect("write") as conn:
+            entry = self._load(conn, entry_id, lock=True)
+            summary = appended(entry.summary, SUMMARY_HOOKS, item, MAX_HOOK_RESULTS)
+            self._set_summary(conn, entry.id, summary, at)
+
+    def mark_manual_retry(
+        self,
+        parent_id: int,
+        *,
+        operator: str,
+        statuses: Sequence[str] = (tags.STATUS_FAILED,),
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> bool:
+        """Stamp ``manual_retry_at/by`` on the parent, once: compare-and-set.
+
+        True only for the first caller while the parent is in ``statuses``; use it in the
+        same :meth:`transaction` that creates the child entry and writes the audit record.
+        """
+        require_text(operator, "operator")
+        unknown = [s for s in statuses if s not in tags.STATUSES]
+        if unknown:
+            raise ValueError(f"unknown status {', '.join(map(repr, unknown))}")
+        at = to_db(self._now(now), "now")
+        stmt = (
+            sa.update(entries)
+            .where(
+                entries.c.id == check_id(parent_id, "parent_id"),
+                entries.c.status.in_(list(statuses)),
+                entries.c.manual_retry_at.is_(None),
+            )
+            .values(manual_retry_at=at, manual_retry_by=operator, updated_at=at)
+        )
+        with self._maybe(connection) as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def write_audit(
+        self,
+        *,
+        operator: str | None,
+        action: str,
+        entry_id: int | None,
+        child_entry_id: int | None = None,
+        reason: str | None = None,
+        checks: Mapping[str, Any] | Sequence[Any] | None = None,
+        outcome: str,
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> int:
+        """Append an audit record; returns its id. ``connection`` joins a caller's transaction."""
+        require_text(action, "action")
+        require_text(outcome, "outcome")
+        try:
+            checks_json = None if checks is None else json.loads(json.dumps(checks))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"audit checks {checks!r} are not JSON-serialisable: {exc}") from None
+        stmt = (
+            sa.insert(audit)
+            .values(
+                at=to_db(self._now(now), "now"),
+                operator=operator,
+                action=action,
+                entry_id=entry_id,
+                child_entry_id=child_entry_id,
+                reason=reason,
+                checks=checks_json,
+                outcome=outcome,
+            )
+            .returning(audit.c.id)
+        )
+        with self._maybe(connection) as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def settle_unretried_run(
+        self,
+        entry_id: int,
+        run_id: str,
+        *,
+        error: str,
+        kind: str = tags.FAILURE_ERROR,
+        now: datetime | None = None,
+    ) -> Entry | None:
+        """Dagster ended ``run_id`` and will not retry it: its entry becomes ``failed``.
+
+        Added for issue 4 (sensors/outcomes.py, the outcome reconciler). Two cases, decided
+        under the row lock: ``running`` with ``run_id`` as lease owner (the run died without
+        recording its outcome; ``kind``/``error`` are set even with attempts left, because no
+        retry run will come to use them), and ``retrying`` whose latest run is ``run_id``
+        (the retry it waits for will never be launched; the run's own error and kind are
+        kept). Anything else — terminal, another run's lease, a run that never claimed — is
+        left untouched and None is returned. Returns the entry after the change.
+        """
+        check_run_id(run_id)
+        if kind not in RUN_FAILURE_KINDS:
+            raise ValueError(f"failure kind {kind!r} is not one of {', '.join(RUN_FAILURE_KINDS)}")
+        at = self._now(now)
+        stamp = to_db(at, "now")
+        with self._connect("write") as conn:
+            entry = self._load(conn, check_id(entry_id, "entry_id"), lock=True)
+            owned = entry.status == tags.STATUS_RUNNING and entry.lease_owner == run_id
+            waiting = (
+                entry.status == tags.STATUS_RETRYING
+                and bool(entry.run_ids)
+                and entry.run_ids[-1] == run_id
+            )
+            if not (owned or waiting):
+                return None
+            values: dict[str, Any] = {
+                "status": tags.STATUS_FAILED,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "finished_at": stamp,
+                "updated_at": stamp,
+            }
+            if owned or not entry.error:
+                values.update(failure_kind=kind, error=truncate_error(error))
+            row = (
+                conn.execute(
+                    sa.update(entries)
+                    .where(entries.c.id == entry.id, entries.c.status == entry.status)
+                    .values(**values)
+                    .returning(*entries.c)
+                )
+                .mappings()
+                .one()
+            )
+            return entry_from_row(row)
