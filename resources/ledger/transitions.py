@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import tags
-from resources.core.checks import require_text
+from resources.core.checks import require_aware, require_text
 from resources.core.entries import (
     CLAIMABLE_STATUSES,
     DEFAULT_MAX_ATTEMPTS,
@@ -86,13 +86,18 @@ class LedgerTransitions(LedgerStore):
             raise ValueError(f"trigger {trigger!r} is not one of {', '.join(tags.TRIGGERS)}")
         origin = origin_of(dedup_key)
         if origin == ORIGIN_DUE:
-            key_due = parse_due(dedup_key.removeprefix(f"{ORIGIN_DUE}:"))
-            if due is not None and to_db(due, "due") != to_db(key_due, "due"):
+            # The caller's due is checked against its key by formatting it the one way a
+            # key is written; only a caller without a due has it read back from the key.
+            if due is None:
+                due = parse_due(dedup_key.removeprefix(f"{ORIGIN_DUE}:"))
+            elif (
+                f"{ORIGIN_DUE}:{format_due(require_aware(due, 'due'))}" != dedup_key
+                or due.microsecond
+            ):
                 raise ValueError(
                     f"due {format_due(due)} does not match dedup_key {dedup_key!r}; "
                     f"build the key with dedup_key_for_due(due)"
                 )
-            due = key_due
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if parent_id is not None:
