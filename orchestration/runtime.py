@@ -557,8 +557,6 @@ def task_run(
     run_id = context.run.run_id
     tasks = TASKS if tasks is None else tasks
     request = entry_request_from_tags(task_tags(context.run.tags, spec), run_id)
-    # Idempotent and cheap at head; lets a fresh local ledger work without a setup step.
-    ledger.migrate()
     if not task_is_registered(request.task_key, spec, tasks):
         _end_unsupported(context, ledger, request, tasks)
     request, refusal = _apply_ui_reexecution_rule(context, ledger, spec, request)

@@ -65,7 +65,6 @@ def build_catch_up_sensor(
     )
     def _catch_up(context: dg.SensorEvaluationContext, ledger: RunLedger):
         now = clock()
-        ledger.migrate()
         audit = audit_task(view, ledger, now, window=window, instance=context.instance)
         requests = catch_up_run_requests(view, audit.missed)
         if not requests:

@@ -178,7 +178,6 @@ def build_slot_health_sensor(
         last_slot, last_at = _slot_cursor(context.cursor)
         if last_slot is not None and last_slot >= slot:
             return dg.SensorResult(skip_reason=f"slot {format_due(slot)} already evaluated")
-        ledger.migrate()
         since = last_at if last_at is not None else now - SUMMARY_WINDOW
         health = slot_health(ledger, views, now, since, instance=context.instance)
         cursor = json.dumps({"slot": format_due(slot), "at": now.astimezone(UTC).isoformat()})

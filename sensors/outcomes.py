@@ -481,7 +481,6 @@ def build_outcome_sensor(
         context: dg.SensorEvaluationContext, ledger: RunLedger
     ) -> dg.SensorResult:
         now = clock()
-        ledger.migrate()
         ensure_task_pools(context.instance, views)
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
@@ -577,7 +576,6 @@ def build_redispatch_sensor(
     def _redispatch(context: dg.SensorEvaluationContext, ledger: RunLedger):
         now = clock()
         due = floor_to_slot(now, view.slot_minutes)
-        ledger.migrate()
         entry = ledger.find(spec.key, dedup_key_for_due(due))
         canceled = entry is not None and _last_failure_canceled(context.instance, entry)
         plan = plan_redispatch(entry, max_redispatches, last_failure_canceled=canceled)

@@ -31,7 +31,6 @@ def build_reclaim_sensor(
     )
     def lease_reclaim_sensor(context: dg.SensorEvaluationContext, ledger: RunLedger):
         now = clock()
-        ledger.migrate()
         reclaims = reclaim_leases(ledger, now)
         for item in reclaims:
             emit_alert(context.log, ALERT_KIND, **item.as_json())

@@ -90,7 +90,8 @@ def open_ledger(settings: Settings) -> RunLedger:
     from resources.ledger import RunLedger
 
     ledger = RunLedger(database_url=settings.ledger_url)
-    ledger.migrate()
+    # Not set up by Dagster here: the CLI process migrates the ledger on its first use.
+    ledger.ensure_migrated()
     return ledger
 
 

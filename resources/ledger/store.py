@@ -100,9 +100,11 @@ class LedgerStore(dg.ConfigurableResource):
         Cheap when the schema is already at head (one read, no lock). Otherwise the upgrade
         runs in one transaction that first takes a cross-process lock (PostgreSQL:
         ``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMEDIATE``), so a second process waits,
-        then finds the schema at head and does nothing.
+        then finds the schema at head and does nothing. Runs and sensor ticks do not call
+        it: resource set-up migrates once per process (``RunLedger.ensure_migrated``).
         """
         migrations.upgrade(self._rt())
+        migrations.mark_migrated(self.url)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
