@@ -1,6 +1,6 @@
 """Thin Dagster assets for the hosting platform's scheduled tasks.
 
-Each asset: claim the run's ledger entry (``orchestration.runtime.task_run``), read the
+Each asset (``orchestration.task_asset``, which claims the run's ledger entry): read the
 source store as of the run's due time, call the pure pandas rules in ``assets.orders``
 / ``assets.services``, write back with compare-and-set, report counts as metadata.
 """
@@ -21,11 +21,8 @@ from assets.services import (
     candidate_services_query,
     plan_lifecycle,
 )
-from orchestration.registry import require_task
-from orchestration.runtime import task_run
-from orchestration.tasks import TASKS
+from orchestration.task_asset import TaskRun, task_asset
 from resources.core.slots import format_due
-from resources.ledger import RunLedger
 from resources.source_store import SourceStore
 
 
@@ -42,83 +39,71 @@ class LifecycleConfig(dg.Config):
     termination_retention_days: int = 30
 
 
-@dg.asset(
-    name="order_cleanup",
-    pool="order_cleanup",
+@task_asset(
+    "order_cleanup",
     group_name="hosting_automation",
-    output_required=False,
     description="Pending orders older than the configured age, cancelled as of the run's due.",
     kinds={"pandas", "sql"},
 )
 def order_cleanup(
     context: dg.AssetExecutionContext,
+    run: TaskRun,
     config: OrderCleanupConfig,
-    ledger: RunLedger,
     source: SourceStore,
 ):
-    spec = require_task(TASKS, "order_cleanup")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        policy = OrderCleanupPolicy(pending_max_age=timedelta(hours=config.pending_max_age_hours))
-        # The indexed query narrows to candidates; the pure rule stays the authority.
-        candidates = source.read_frame(candidate_orders_query(run.as_of, policy))
-        to_cancel = select_orders_to_cancel(candidates, run.as_of, policy)
-        cancelled = cancel_orders(
-            source.engine(),
-            to_cancel["id"].tolist(),
-            run.as_of,
-            task_key=spec.key,
-            entry_key=run.entry_key,
-        )
-        yield dg.MaterializeResult(
-            metadata={
-                "as_of": format_due(run.as_of),
-                "ledger_entry": run.entry.id,
-                "due_for_cancel": len(to_cancel),
-                "cancelled": cancelled,
-                "skipped_changed_meanwhile": len(to_cancel) - cancelled,
-            }
-        )
+    policy = OrderCleanupPolicy(pending_max_age=timedelta(hours=config.pending_max_age_hours))
+    # The indexed query narrows to candidates; the pure rule stays the authority.
+    candidates = source.read_frame(candidate_orders_query(run.as_of, policy))
+    to_cancel = select_orders_to_cancel(candidates, run.as_of, policy)
+    cancelled = cancel_orders(
+        source.engine(),
+        to_cancel["id"].tolist(),
+        run.as_of,
+        task_key=run.task_key,
+        entry_key=run.entry_key,
+    )
+    yield dg.MaterializeResult(
+        metadata={
+            "as_of": format_due(run.as_of),
+            "ledger_entry": run.entry.id,
+            "due_for_cancel": len(to_cancel),
+            "cancelled": cancelled,
+            "skipped_changed_meanwhile": len(to_cancel) - cancelled,
+        }
+    )
 
 
-@dg.asset(
-    name="service_lifecycle_maintenance",
-    pool="service_lifecycle_maintenance",
+@task_asset(
+    "service_lifecycle_maintenance",
     group_name="hosting_automation",
-    output_required=False,
     description="Services suspended at expiry and terminated after retention, as of the due.",
     kinds={"pandas", "sql"},
 )
 def service_lifecycle_maintenance(
     context: dg.AssetExecutionContext,
+    run: TaskRun,
     config: LifecycleConfig,
-    ledger: RunLedger,
     source: SourceStore,
 ):
-    spec = require_task(TASKS, "service_lifecycle_maintenance")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        policy = LifecyclePolicy(
-            termination_enabled=config.termination_enabled,
-            termination_retention=timedelta(days=config.termination_retention_days),
-        )
-        candidates = source.read_frame(candidate_services_query(run.as_of, policy))
-        plan = plan_lifecycle(candidates, run.as_of, policy)
-        counts = apply_lifecycle(
-            source.engine(), plan, run.as_of, task_key=spec.key, entry_key=run.entry_key
-        )
-        yield dg.MaterializeResult(
-            metadata={
-                "as_of": format_due(run.as_of),
-                "ledger_entry": run.entry.id,
-                "due_for_suspension": len(plan.to_suspend),
-                "due_for_termination": len(plan.to_terminate),
-                "termination_enabled": config.termination_enabled,
-                **{k: int(v) for k, v in counts.items()},
-            }
-        )
+    policy = LifecyclePolicy(
+        termination_enabled=config.termination_enabled,
+        termination_retention=timedelta(days=config.termination_retention_days),
+    )
+    candidates = source.read_frame(candidate_services_query(run.as_of, policy))
+    plan = plan_lifecycle(candidates, run.as_of, policy)
+    counts = apply_lifecycle(
+        source.engine(), plan, run.as_of, task_key=run.task_key, entry_key=run.entry_key
+    )
+    yield dg.MaterializeResult(
+        metadata={
+            "as_of": format_due(run.as_of),
+            "ledger_entry": run.entry.id,
+            "due_for_suspension": len(plan.to_suspend),
+            "due_for_termination": len(plan.to_terminate),
+            "termination_enabled": config.termination_enabled,
+            **{k: int(v) for k, v in counts.items()},
+        }
+    )
 
 
 TASK_ASSETS = [order_cleanup, service_lifecycle_maintenance]

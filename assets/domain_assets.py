@@ -1,6 +1,6 @@
 """Thin Dagster assets for billing and account automation (issue 7).
 
-Each asset: claim the run's ledger entry (``orchestration.runtime.task_run``), read the
+Each asset (``orchestration.task_asset``, which claims the run's ledger entry): read the
 source store as of the run's due, call the pure pandas rules (``assets.billing``,
 ``assets.renewals``, ``assets.reconcile``, ``assets.tickets``, ``assets.log_archive``),
 write back exactly once, and report counts (and the first rows) as metadata.
@@ -35,12 +35,9 @@ from assets.renewals import (
 )
 from assets.tickets import candidate_tickets_query, close_tickets, select_tickets_to_close
 from orchestration.factory import DAILY_PARTITIONS
-from orchestration.registry import require_task
-from orchestration.runtime import TaskRun, task_run
-from orchestration.tasks import TASKS
+from orchestration.task_asset import TaskRun, task_asset
 from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
-from resources.ledger import RunLedger
 from resources.notifier import (
     OUTCOME_FAILED,
     OUTCOME_SENT,
@@ -89,12 +86,10 @@ def _run_metadata(run: TaskRun) -> dict[str, Any]:
 # --- billing_maintenance ---------------------------------------------------------------
 
 
-@dg.asset(
-    name="billing_maintenance",
-    pool="billing_maintenance",
+@task_asset(
+    "billing_maintenance",
     group_name=GROUP,
     partitions_def=DAILY_PARTITIONS,
-    output_required=False,
     description=(
         "Overdue-invoice reminders and renewal notices due as of the run's due (a backfill: "
         "as of the end of its day), sent once per rule, object, time point and channel."
@@ -103,74 +98,66 @@ def _run_metadata(run: TaskRun) -> dict[str, Any]:
 )
 def billing_maintenance(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    run: TaskRun,
     source: SourceStore,
     notifier: Notifier,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = require_task(TASKS, "billing_maintenance")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        engine = source.engine()
-        create_domain_schema(engine)
-        policy = rules.reminder_policy()
-        overdue_query = overdue_candidates_query(run.as_of, policy)
-        renewal_query = renewal_candidates_query(run.as_of, policy)
-        contacts = source.read_frame(reminder_customers_query(overdue_query, renewal_query))
-        due = pd.concat(
-            [
-                overdue_reminders_due(
-                    source.read_frame(overdue_query), contacts, run.as_of, policy
-                ),
-                renewal_notices_due(source.read_frame(renewal_query), contacts, run.as_of, policy),
-            ],
-            ignore_index=True,
+    engine = source.engine()
+    create_domain_schema(engine)
+    policy = rules.reminder_policy()
+    overdue_query = overdue_candidates_query(run.as_of, policy)
+    renewal_query = renewal_candidates_query(run.as_of, policy)
+    contacts = source.read_frame(reminder_customers_query(overdue_query, renewal_query))
+    due = pd.concat(
+        [
+            overdue_reminders_due(source.read_frame(overdue_query), contacts, run.as_of, policy),
+            renewal_notices_due(source.read_frame(renewal_query), contacts, run.as_of, policy),
+        ],
+        ignore_index=True,
+    )
+    outcomes = dispatch_notifications(
+        engine,
+        notifier,
+        render_reminders(due),
+        at=run.as_of,
+        task_key=run.task_key,
+        entry_key=run.entry_key,
+    )
+    counts = outcome_counts(outcomes)
+    per_channel = outcome_counts(outcomes, by=("channel",))
+    flat = {
+        f"{channel}/{column}": int(count)
+        for column in ("due", *OUTCOMES)
+        for channel, count in zip(
+            per_channel["channel"].tolist(), per_channel[column].tolist(), strict=True
         )
-        outcomes = dispatch_notifications(
-            engine,
-            notifier,
-            render_reminders(due),
-            at=run.as_of,
-            task_key=spec.key,
-            entry_key=run.entry_key,
-        )
-        counts = outcome_counts(outcomes)
-        per_channel = outcome_counts(outcomes, by=("channel",))
-        flat = {
-            f"{channel}/{column}": int(count)
-            for column in ("due", *OUTCOMES)
-            for channel, count in zip(
-                per_channel["channel"].tolist(), per_channel[column].tolist(), strict=True
-            )
+    }
+    failed = int((outcomes["outcome"] == OUTCOME_FAILED).sum())
+    if failed:
+        context.log.warning(f"{failed} notification(s) failed; the next run retries them")
+    preview = outcomes[
+        ["rule", "object_id", "customer_id", "channel", "stage_days", "time_point", "outcome"]
+    ]
+    yield dg.MaterializeResult(
+        metadata={
+            **_run_metadata(run),
+            "due": len(outcomes),
+            "sent": int((outcomes["outcome"] == OUTCOME_SENT).sum()),
+            "failed": failed,
+            **flat,
+            "counts_by_rule_and_channel": table_metadata(counts, limit=None),
+            "first_rows": table_metadata(preview),
         }
-        failed = int((outcomes["outcome"] == OUTCOME_FAILED).sum())
-        if failed:
-            context.log.warning(f"{failed} notification(s) failed; the next run retries them")
-        preview = outcomes[
-            ["rule", "object_id", "customer_id", "channel", "stage_days", "time_point", "outcome"]
-        ]
-        yield dg.MaterializeResult(
-            metadata={
-                **_run_metadata(run),
-                "due": len(outcomes),
-                "sent": int((outcomes["outcome"] == OUTCOME_SENT).sum()),
-                "failed": failed,
-                **flat,
-                "counts_by_rule_and_channel": table_metadata(counts, limit=None),
-                "first_rows": table_metadata(preview),
-            }
-        )
+    )
 
 
 # --- service_auto_renew ----------------------------------------------------------------
 
 
-@dg.asset(
-    name="service_auto_renew",
-    pool="service_auto_renew",
+@task_asset(
+    "service_auto_renew",
     group_name=GROUP,
-    output_required=False,
     description=(
         "Auto-renew services expiring within the window, paid from the balance; services "
         "whose balance is short get an insufficient-balance record."
@@ -179,57 +166,51 @@ def billing_maintenance(
 )
 def service_auto_renew(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    run: TaskRun,
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = require_task(TASKS, "service_auto_renew")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        engine = source.engine()
-        create_domain_schema(engine)
-        policy = rules.auto_renew_policy()
-        query = auto_renew_candidates_query(run.as_of, policy)
-        plan = plan_auto_renew(
-            source.read_frame(query), source.read_frame(balances_query(query)), run.as_of, policy
-        )
-        result = apply_auto_renew(
-            engine, plan, run.as_of, task_key=spec.key, entry_key=run.entry_key
-        )
-        counts = result["outcome"].value_counts()
-        renewed = result.loc[result["outcome"] == OUTCOME_RENEWED]
-        yield dg.MaterializeResult(
-            metadata={
-                **_run_metadata(run),
-                "due_for_renewal": len(result),
-                **{outcome: int(counts.get(outcome, 0)) for outcome in RENEW_OUTCOMES},
-                "charged_cents": int(renewed["price_cents"].sum()),
-                "first_rows": table_metadata(
-                    result[
-                        [
-                            "service_id",
-                            "customer_id",
-                            "price_cents",
-                            "balance_cents",
-                            "expires_at",
-                            "new_expires_at",
-                            "outcome",
-                        ]
+    engine = source.engine()
+    create_domain_schema(engine)
+    policy = rules.auto_renew_policy()
+    query = auto_renew_candidates_query(run.as_of, policy)
+    plan = plan_auto_renew(
+        source.read_frame(query), source.read_frame(balances_query(query)), run.as_of, policy
+    )
+    result = apply_auto_renew(
+        engine, plan, run.as_of, task_key=run.task_key, entry_key=run.entry_key
+    )
+    counts = result["outcome"].value_counts()
+    renewed = result.loc[result["outcome"] == OUTCOME_RENEWED]
+    yield dg.MaterializeResult(
+        metadata={
+            **_run_metadata(run),
+            "due_for_renewal": len(result),
+            **{outcome: int(counts.get(outcome, 0)) for outcome in RENEW_OUTCOMES},
+            "charged_cents": int(renewed["price_cents"].sum()),
+            "first_rows": table_metadata(
+                result[
+                    [
+                        "service_id",
+                        "customer_id",
+                        "price_cents",
+                        "balance_cents",
+                        "expires_at",
+                        "new_expires_at",
+                        "outcome",
                     ]
-                ),
-            }
-        )
+                ]
+            ),
+        }
+    )
 
 
 # --- reconcile_account_balance ---------------------------------------------------------
 
 
-@dg.asset(
-    name="reconcile_account_balance",
-    pool="reconcile_account_balance",
+@task_asset(
+    "reconcile_account_balance",
     group_name=GROUP,
-    output_required=False,
     description=(
         "Balances recomputed from payments and invoices; mismatches reported (never fixed)."
     ),
@@ -237,79 +218,67 @@ def service_auto_renew(
 )
 def reconcile_account_balance(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    run: TaskRun,
     source: SourceStore,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = require_task(TASKS, "reconcile_account_balance")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        mismatches, summary = reconcile_balances(source.read_frame(movements_query()))
-        if summary["mismatched"]:
-            context.log.warning(
-                f"{summary['mismatched']} customer balance(s) disagree with payments - "
-                f"invoices (total {summary['absolute_difference_cents']} cents); reported, "
-                f"not fixed"
-            )
-        yield dg.MaterializeResult(
-            metadata={
-                **_run_metadata(run),
-                **summary,
-                "mismatches": table_metadata(mismatches, limit=20),
-            }
+    mismatches, summary = reconcile_balances(source.read_frame(movements_query()))
+    if summary["mismatched"]:
+        context.log.warning(
+            f"{summary['mismatched']} customer balance(s) disagree with payments - "
+            f"invoices (total {summary['absolute_difference_cents']} cents); reported, "
+            f"not fixed"
         )
+    yield dg.MaterializeResult(
+        metadata={
+            **_run_metadata(run),
+            **summary,
+            "mismatches": table_metadata(mismatches, limit=20),
+        }
+    )
 
 
 # --- ticket_auto_close -----------------------------------------------------------------
 
 
-@dg.asset(
-    name="ticket_auto_close",
-    pool="ticket_auto_close",
+@task_asset(
+    "ticket_auto_close",
     group_name=GROUP,
-    output_required=False,
     description="Tickets waiting on the customer for N days, closed as of the run's due.",
     kinds={"pandas", "sql"},
 )
 def ticket_auto_close(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    run: TaskRun,
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = require_task(TASKS, "ticket_auto_close")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        policy = rules.ticket_policy()
-        candidates = source.read_frame(candidate_tickets_query(run.as_of, policy))
-        to_close = select_tickets_to_close(candidates, run.as_of, policy)
-        closed = close_tickets(
-            source.engine(),
-            to_close["id"],
-            run.as_of,
-            policy,
-            task_key=spec.key,
-            entry_key=run.entry_key,
-        )
-        yield dg.MaterializeResult(
-            metadata={
-                **_run_metadata(run),
-                "due_for_close": len(to_close),
-                "closed": len(closed),
-                "skipped_changed_meanwhile": len(to_close) - len(closed),
-            }
-        )
+    policy = rules.ticket_policy()
+    candidates = source.read_frame(candidate_tickets_query(run.as_of, policy))
+    to_close = select_tickets_to_close(candidates, run.as_of, policy)
+    closed = close_tickets(
+        source.engine(),
+        to_close["id"],
+        run.as_of,
+        policy,
+        task_key=run.task_key,
+        entry_key=run.entry_key,
+    )
+    yield dg.MaterializeResult(
+        metadata={
+            **_run_metadata(run),
+            "due_for_close": len(to_close),
+            "closed": len(closed),
+            "skipped_changed_meanwhile": len(to_close) - len(closed),
+        }
+    )
 
 
 # --- log_archive -------------------------------------------------------------------------
 
 
-@dg.asset(
-    name="log_archive",
-    pool="log_archive",
+@task_asset(
+    "log_archive",
     group_name=GROUP,
-    output_required=False,
     description=(
         "Automation and notification logs older than the retention, moved to verified gzip "
         "CSV archives (the run ledger is never touched)."
@@ -318,52 +287,48 @@ def ticket_auto_close(
 )
 def log_archive(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    run: TaskRun,
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
-    spec = require_task(TASKS, "log_archive")
-    with task_run(context, ledger, spec) as run:
-        if not run.claimed:
-            return
-        engine = source.engine()
-        create_domain_schema(engine)
-        policy = rules.archive_policy()
-        manifests: list[dict[str, object]] = []
-        for log in ARCHIVED_LOGS:
-            manifests.extend(
-                archive_log(
-                    engine,
-                    log,
-                    policy,
-                    run.as_of,
-                    task_key=spec.key,
-                    entry_key=run.entry_key,
-                    entry_id=run.entry.id,
-                    attempt=run.entry.attempt,
-                )
+    engine = source.engine()
+    create_domain_schema(engine)
+    policy = rules.archive_policy()
+    manifests: list[dict[str, object]] = []
+    for log in ARCHIVED_LOGS:
+        manifests.extend(
+            archive_log(
+                engine,
+                log,
+                policy,
+                run.as_of,
+                task_key=run.task_key,
+                entry_key=run.entry_key,
+                entry_id=run.entry.id,
+                attempt=run.entry.attempt,
             )
-        files = pd.DataFrame(
-            manifests, columns=["table_name", "path", "rows", "deleted", "min_id", "max_id"]
         )
-        per_table = {
-            f"{log.table.name}/archived": int(
-                files.loc[files["table_name"] == log.table.name, "rows"].sum()
-            )
-            for log in ARCHIVED_LOGS
+    files = pd.DataFrame(
+        manifests, columns=["table_name", "path", "rows", "deleted", "min_id", "max_id"]
+    )
+    per_table = {
+        f"{log.table.name}/archived": int(
+            files.loc[files["table_name"] == log.table.name, "rows"].sum()
+        )
+        for log in ARCHIVED_LOGS
+    }
+    yield dg.MaterializeResult(
+        metadata={
+            **_run_metadata(run),
+            "archive_dir": str(policy.directory),
+            "retention_days": policy.retention.days,
+            "files": len(files),
+            "archived_rows": int(files["rows"].sum()),
+            "deleted_rows": int(files["deleted"].sum()),
+            **per_table,
+            "archives": table_metadata(files, limit=20),
         }
-        yield dg.MaterializeResult(
-            metadata={
-                **_run_metadata(run),
-                "archive_dir": str(policy.directory),
-                "retention_days": policy.retention.days,
-                "files": len(files),
-                "archived_rows": int(files["rows"].sum()),
-                "deleted_rows": int(files["deleted"].sum()),
-                **per_table,
-                "archives": table_metadata(files, limit=20),
-            }
-        )
+    )
 
 
 DOMAIN_ASSETS = [

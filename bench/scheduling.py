@@ -61,6 +61,7 @@ from run import Row, write_json
 
 from orchestration import hooks
 from orchestration.factory import build_task_definitions
+from orchestration.hooks import Hooks
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from resources.core import tags as t
 
@@ -104,7 +105,8 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
     views = build_views(specs, SLOT_MINUTES, "UTC")
     assets = [_trivial_asset(s.asset) for s in specs]
     if variant == "dueledger":
-        jobs, schedules = build_task_definitions(views)
+        # Whatever plugin listeners this environment installs, as a code location loads them.
+        jobs, schedules = build_task_definitions(views, hooks=Hooks.from_environment())
         return dg.Definitions(
             assets=assets, jobs=jobs, schedules=schedules, executor=dg.in_process_executor
         )
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
 
-    registry = hooks.active_hooks()
+    registry = Hooks.from_environment().registry
     events = (hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE)
     listeners = sum(len(registry.for_event(e)) for e in events)
     print(

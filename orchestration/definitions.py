@@ -13,14 +13,18 @@ from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import build_resources, task_views
 from orchestration.factory import build_task_definitions
+from orchestration.hooks import Hooks
 from resources.core.settings import load_settings
 from sensors import SENSORS
 
 _settings = load_settings()
-_jobs, _schedules = build_task_definitions(task_views(_settings))
+# The code location's plugin hooks, built once; listeners load on first use, not here.
+_hooks = Hooks.from_environment()
+_jobs, _schedules = build_task_definitions(task_views(_settings), hooks=_hooks)
+_task_assets = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
 
 defs = dg.Definitions(
-    assets=[*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS],
+    assets=[task.build(_hooks) for task in _task_assets],
     jobs=_jobs,
     schedules=_schedules,
     sensors=SENSORS,

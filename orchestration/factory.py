@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration import hooks
+from orchestration.hooks import HookLog, Hooks
 from orchestration.registry import (
     DAILY_PARTITIONS_START,
     TaskView,
@@ -93,7 +93,7 @@ def schedule_run_request(view: TaskView, scheduled_time) -> dg.RunRequest | dg.S
 
 
 def gate_run_request(
-    request: dg.RunRequest, *, log: hooks.HookLog | None = None
+    request: dg.RunRequest, hooks: Hooks, *, log: HookLog | None = None
 ) -> dg.RunRequest | dg.SkipReason:
     """The plugin creation hooks around a task's schedule/sensor RunRequest.
 
@@ -139,9 +139,10 @@ class _ContextLog:
 
 
 def build_task_schedule(
-    view: TaskView, job: dg.UnresolvedAssetJobDefinition
+    view: TaskView, job: dg.UnresolvedAssetJobDefinition, hooks: Hooks
 ) -> dg.ScheduleDefinition:
-    """The task's schedule, running by default so `dagster dev` really schedules."""
+    """The task's schedule, running by default so `dagster dev` really schedules; its
+    requests pass the creation ``hooks``."""
 
     def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         scheduled = context.scheduled_execution_time
@@ -151,7 +152,7 @@ def build_task_schedule(
         request = schedule_run_request(view, scheduled)
         if isinstance(request, dg.SkipReason):
             return request
-        return gate_run_request(request, log=_ContextLog(context))
+        return gate_run_request(request, hooks, log=_ContextLog(context))
 
     return dg.ScheduleDefinition(
         name=view.spec.schedule_name,
@@ -166,12 +167,13 @@ def build_task_schedule(
 
 
 def build_task_definitions(
-    views: list[TaskView],
+    views: list[TaskView], *, hooks: Hooks
 ) -> tuple[list[dg.UnresolvedAssetJobDefinition], list[dg.ScheduleDefinition]]:
-    """Jobs and schedules for every task (the one place they are made)."""
+    """Jobs and schedules for every task (the one place they are made); the schedules fire
+    the creation events of ``hooks``."""
     jobs, schedules = [], []
     for view in views:
         job = build_task_job(view)
         jobs.append(job)
-        schedules.append(build_task_schedule(view, job))
+        schedules.append(build_task_schedule(view, job, hooks))
     return jobs, schedules

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from orchestration import hooks
+from orchestration.hooks import CreationGate, Hooks, record
 from orchestration.registry import TaskSpec, find_task, task_run_tags
 from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
 from resources.core import tags as t
@@ -65,6 +65,7 @@ def launch_manual(
     request_id: str | None,
     instance: dg.DagsterInstance,
     ledger: RunLedger,
+    hooks: Hooks,
     submit: Submit = submit_run,
 ) -> LaunchResult:
     """Launch a task manually, idempotent on ``request_id``.
@@ -91,7 +92,7 @@ def launch_manual(
         raise InvalidInput("--request-id must not be empty")
     run_id = manual_run_id(task_key, request_id)
     existing = instance.get_run_by_id(run_id)
-    gate: hooks.CreationGate | None = None
+    gate: CreationGate | None = None
     if existing is None:
         # Plugin hooks see the launch before anything is written, so a deny changes nothing.
         gate = hooks.gate_creation(manual_tags(spec, request_id, operator, reason), run_id=run_id)
@@ -109,7 +110,7 @@ def launch_manual(
         reason=reason,
     )
     if gate is not None:
-        hooks.record(ledger, entry.id, gate.before.records())
+        record(ledger, entry.id, gate.before.records())
         try:
             submit(spec.job_name, run_id, dict(gate.tags))
         except LaunchFailed as exc:
@@ -119,7 +120,7 @@ def launch_manual(
                 raise
         announced = hooks.announce_creation(gate, entry_id=entry.id, run_id=run_id)
         if announced.after is not None:
-            hooks.record(ledger, entry.id, announced.after.records())
+            record(ledger, entry.id, announced.after.records())
         run = instance.get_run_by_id(run_id)
         was_existing = False
     else:

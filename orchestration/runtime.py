@@ -16,7 +16,17 @@ from typing import Any, NoReturn
 
 import dagster as dg
 
-from orchestration import hooks
+from orchestration.hooks import (
+    TAG_HOOKS,
+    TASK_AFTER,
+    TASK_BEFORE,
+    TASK_FAILED,
+    Dispatch,
+    HookContext,
+    Hooks,
+    decode_outcomes,
+    record,
+)
 from orchestration.operators import UI_OPERATOR
 from orchestration.registry import TaskSpec, find_task
 from orchestration.retry import (
@@ -155,11 +165,13 @@ def ui_reexecution_parent(
 
 @dataclass(frozen=True)
 class TaskRun:
-    """What the task body gets: whether it may act, its entry, and its "as of" instant."""
+    """What the task body gets: whether it may act, its entry, its "as of" instant, and the
+    key of the task whose asset runs (the key its side effects are written under)."""
 
     claimed: bool
     entry: Entry
     as_of: datetime
+    task_key: str
     reason: str | None = None
 
     @property
@@ -420,12 +432,12 @@ def _hook_context(
     as_of: datetime | None,
     tags: Mapping[str, str],
     **extra: Any,
-) -> hooks.HookContext:
+) -> HookContext:
     due = format_due(entry.due) if entry.due is not None else None
     slot = due
     if slot is None and as_of is not None:
         slot = format_due(floor_to_slot(as_of, load_settings().slot_minutes))
-    return hooks.HookContext(
+    return HookContext(
         event=event,
         task_key=entry.task_key,
         trigger=entry.trigger,
@@ -442,16 +454,17 @@ def _hook_context(
 def fire_task_event(
     context: dg.AssetExecutionContext,
     ledger: RunLedger,
+    hooks: Hooks,
     event: str,
     entry: Entry,
     as_of: datetime | None,
     **extra: Any,
-) -> hooks.Dispatch | None:
+) -> Dispatch | None:
     """Fire a hook event for this run (task, trigger and due from its claimed ``entry``)
     and store its outcomes on the entry; None when no listener wants the event. Never
     raises: whatever goes wrong is logged, and the task goes on."""
     try:
-        if not hooks.active_hooks().for_event(event):
+        if not hooks.wants(event):
             return None  # the common case: no context to build, nothing to store
         hook_context = _hook_context(
             event, context.run.run_id, entry, as_of, context.run.tags, **extra
@@ -469,14 +482,15 @@ def _record_creation_hooks(
     once: at the first attempt (automatic retries copy the tag)."""
     if request.trigger not in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) or entry.attempt != 1:
         return
-    items = hooks.decode_outcomes(context.run.tags.get(hooks.TAG_HOOKS))
+    items = decode_outcomes(context.run.tags.get(TAG_HOOKS))
     if items:
-        hooks.record(ledger, entry.id, items, log=context.log)
+        record(ledger, entry.id, items, log=context.log)
 
 
 def _end_unsupported(
     context: dg.AssetExecutionContext,
     ledger: RunLedger,
+    hooks: Hooks,
     request: EntryRequest,
     tasks: Sequence[TaskSpec],
 ) -> NoReturn:
@@ -519,7 +533,8 @@ def _end_unsupported(
         fire_task_event(
             context,
             ledger,
-            hooks.TASK_FAILED,
+            hooks,
+            TASK_FAILED,
             claim.entry,
             None,
             error=message,
@@ -541,6 +556,7 @@ def task_run(
     ledger: RunLedger,
     spec: TaskSpec,
     *,
+    hooks: Hooks,
     tasks: Sequence[TaskSpec] | None = None,
 ) -> Iterator[TaskRun]:
     """Claim the run's ledger entry, keep its lease alive, and record the outcome.
@@ -548,8 +564,9 @@ def task_run(
     When the claim is refused (duplicate or late run) the body gets ``claimed=False``
     and must do nothing: no side effect, no materialization. One log line says why.
 
-    Plugin hooks fire around the body of a claimed run (``task_before``, then ``task_after``
-    or ``task_failed``); their outcomes are stored on the entry and never fail the task.
+    Plugin hooks (``hooks``) fire around the body of a claimed run (``task_before``, then
+    ``task_after`` or ``task_failed``); their outcomes are stored on the entry and never fail
+    the task. Most assets do not call this directly: ``orchestration.task_asset`` does.
     A run whose ``dueledger/task`` is not registered (``tasks``, default the registry) is
     unsupported: its entry ends ``failed`` (``unsupported_task``), and ``dg.Failure`` is
     raised without retries before the body runs.
@@ -558,13 +575,14 @@ def task_run(
     tasks = TASKS if tasks is None else tasks
     request = entry_request_from_tags(task_tags(context.run.tags, spec), run_id)
     if not task_is_registered(request.task_key, spec, tasks):
-        _end_unsupported(context, ledger, request, tasks)
+        _end_unsupported(context, ledger, hooks, request, tasks)
     request, refusal = _apply_ui_reexecution_rule(context, ledger, spec, request)
     if refusal is not None:
         assert refusal.entry is not None  # a refusal names the parent's entry
         context.log.warning(refusal.message)
         _mark_run(context, refusal.entry, refused=True)
-        yield TaskRun(False, refusal.entry, run_as_of(context, request), refusal.message)
+        as_of = run_as_of(context, request)
+        yield TaskRun(False, refusal.entry, as_of, spec.key, refusal.message)
         return
     entry = ledger.ensure_entry(
         task_key=request.task_key,
@@ -589,7 +607,7 @@ def task_run(
     if not result.claimed:
         context.log.warning(result.reason or f"entry {entry.id}: claim refused, nothing done")
         _mark_run(context, result.entry, refused=True)
-        yield TaskRun(False, result.entry, as_of, result.reason)
+        yield TaskRun(False, result.entry, as_of, spec.key, result.reason)
         return
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
@@ -599,9 +617,9 @@ def task_run(
     claimed = result.entry
     _record_creation_hooks(context, ledger, request, claimed)
     with _Heartbeat(ledger, entry.id, run_id, spec.lease_ttl) as beat:
-        fire_task_event(context, ledger, hooks.TASK_BEFORE, claimed, as_of)
+        fire_task_event(context, ledger, hooks, TASK_BEFORE, claimed, as_of)
         try:
-            yield TaskRun(True, result.entry, as_of)
+            yield TaskRun(True, result.entry, as_of, spec.key)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             after = ledger.fail(entry.id, run_id, error=error)
@@ -611,7 +629,8 @@ def task_run(
             fire_task_event(
                 context,
                 ledger,
-                hooks.TASK_FAILED,
+                hooks,
+                TASK_FAILED,
                 claimed,
                 as_of,
                 error=error,
@@ -629,10 +648,10 @@ def task_run(
             f"success. Inspect with `dueledger runs show {entry.id}`; nothing will re-run it."
         )
         fire_task_event(
-            context, ledger, hooks.TASK_FAILED, claimed, as_of, error=message, status=state
+            context, ledger, hooks, TASK_FAILED, claimed, as_of, error=message, status=state
         )
         raise dg.Failure(message)
-    fire_task_event(context, ledger, hooks.TASK_AFTER, claimed, as_of, status=t.STATUS_SUCCESS)
+    fire_task_event(context, ledger, hooks, TASK_AFTER, claimed, as_of, status=t.STATUS_SUCCESS)
 
 
 def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:

@@ -86,6 +86,7 @@ def launch_cmd(
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import load_operators, require_role
+    from orchestration.hooks import Hooks
     from orchestration.manual import launch_manual
     from orchestration.operators import ROLE_RETRIER
     from orchestration.tasks import TASKS
@@ -104,6 +105,8 @@ def launch_cmd(
         request_id=request_id,
         instance=dg.DagsterInstance.get(),
         ledger=ledger,
+        # This process's plugin listeners, loaded for this one launch.
+        hooks=Hooks.from_environment(),
     )
     if as_json:
         print_json(result.as_json())

@@ -12,12 +12,17 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from hook_support import build
 
-from assets.automation import order_cleanup, service_lifecycle_maintenance
+from assets import automation
 from resources.core import tags as t
 from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
+
+# The code location's assets, built with this environment's plugin hooks.
+order_cleanup = build(automation.order_cleanup)
+service_lifecycle_maintenance = build(automation.service_lifecycle_maintenance)
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 

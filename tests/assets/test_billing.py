@@ -12,7 +12,9 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from hook_support import build
 
+from assets import domain_assets
 from assets.billing import (
     RULE_OVERDUE,
     RULE_RENEWAL,
@@ -24,7 +26,6 @@ from assets.billing import (
     renewal_notices_due,
     renewal_stages,
 )
-from assets.domain_assets import billing_maintenance
 from assets.domain_config import DomainRules
 from resources.core import tags as t
 from resources.core.slots import format_due
@@ -32,6 +33,9 @@ from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, OutboxNotifier, dispatch_notifications
 from resources.source_store import SourceStore, create_schema, make_engine
+
+# The code location's assets, built with this environment's plugin hooks.
+billing_maintenance = build(domain_assets.billing_maintenance)
 
 POLICY = ReminderPolicy()
 DAY = timedelta(days=1)

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from hook_support import build
 
-from assets.domain_assets import log_archive
+from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.log_archive import (
     ArchiveVerificationError,
@@ -28,6 +29,10 @@ from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema
+
+# The code location's assets, built with this environment's plugin hooks.
+log_archive = build(domain_assets.log_archive)
+
 
 DUE = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 NAIVE = DUE.replace(tzinfo=None)

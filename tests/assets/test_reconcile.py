@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 import dagster as dg
 import pandas as pd
 import pytest
+from hook_support import build
 
-from assets.domain_assets import reconcile_account_balance
+from assets import domain_assets
 from assets.reconcile import (
     KIND_BALANCE,
     KIND_INVOICE,
@@ -22,6 +23,9 @@ from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_schema import read_frame_from
 from resources.source_store import SourceStore, create_schema
+
+# The code location's assets, built with this environment's plugin hooks.
+reconcile_account_balance = build(domain_assets.reconcile_account_balance)
 
 AS_OF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

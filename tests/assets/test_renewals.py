@@ -10,8 +10,9 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from hook_support import build
 
-from assets.domain_assets import reconcile_account_balance, service_auto_renew
+from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.renewals import AutoRenewPolicy, apply_auto_renew, plan_auto_renew
 from resources.core import tags as t
@@ -19,6 +20,10 @@ from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
+
+# The code location's assets, built with this environment's plugin hooks.
+reconcile_account_balance = build(domain_assets.reconcile_account_balance)
+service_auto_renew = build(domain_assets.service_auto_renew)
 
 AS_OF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NAIVE = AS_OF.replace(tzinfo=None)

@@ -9,14 +9,18 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from hook_support import build
 
-from assets.domain_assets import ticket_auto_close
+from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.tickets import TicketAutoClosePolicy, close_tickets, select_tickets_to_close
 from resources.core import tags as t
 from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
+
+# The code location's assets, built with this environment's plugin hooks.
+ticket_auto_close = build(domain_assets.ticket_auto_close)
 
 MIDNIGHT = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 NAIVE = MIDNIGHT.replace(tzinfo=None)

@@ -11,14 +11,18 @@ import dagster as dg
 from assets.automation import order_cleanup
 from orchestration.catalog import build_resources, task_views
 from orchestration.factory import build_task_definitions
+from orchestration.hooks import Hooks
 
 TASK = "order_cleanup"
 SCHEDULE = "order_cleanup_schedule"
 
-_jobs, _schedules = build_task_definitions([v for v in task_views() if v.spec.key == TASK])
+_hooks = Hooks.from_environment()
+_jobs, _schedules = build_task_definitions(
+    [v for v in task_views() if v.spec.key == TASK], hooks=_hooks
+)
 
 defs = dg.Definitions(
-    assets=[order_cleanup],
+    assets=[order_cleanup.build(_hooks)],
     jobs=_jobs,
     schedules=_schedules,
     resources=build_resources(),

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestration.cli import main
+from orchestration.hooks import Hooks
 from orchestration.manual import launch_manual
 from orchestration.services.launch import manual_run_id
 from orchestration.tasks import TASKS
@@ -67,6 +68,7 @@ def test_a_task_that_is_not_manually_triggerable_is_refused_and_nothing_is_launc
             request_id="r",
             instance=instance,
             ledger=ledger,
+            hooks=Hooks.from_environment(),
             submit=lambda job, run_id, tags: submitted.append(run_id),
         )
     assert submitted == []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hook_support import registry_of
 
 from orchestration import hooks
 from orchestration.cli import main
@@ -63,7 +64,7 @@ def test_a_raising_listener_becomes_an_error_outcome_and_the_next_listener_still
     def after_boom(ctx):
         calls.append(ctx.task_key)
 
-    dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(boom, after_boom))
+    dispatch = hooks.fire(create_ctx(), registry=registry_of(boom, after_boom))
     assert outcome_of(dispatch, "boom").outcome == hooks.OUTCOME_ERROR
     assert "RuntimeError: plugin bug" in (outcome_of(dispatch, "boom").error or "")
     assert outcome_of(dispatch, "after_boom").outcome == hooks.OUTCOME_ALLOW
@@ -85,7 +86,7 @@ def test_a_slow_listener_is_abandoned_at_its_timeout_and_the_next_listener_still
         return hooks.allow()
 
     try:
-        dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(slow, quick))
+        dispatch = hooks.fire(create_ctx(), registry=registry_of(slow, quick))
     finally:
         release.set()
     slow_outcome = outcome_of(dispatch, "slow")
@@ -101,7 +102,7 @@ def test_a_listener_returning_something_else_is_recorded_as_invalid():
         return "yes please"
 
     ctx = create_ctx().for_event(hooks.TASK_BEFORE, entry_id=1, attempt=1, run_id="r")
-    dispatch = hooks.fire(ctx, registry=hooks.registry_of(odd))
+    dispatch = hooks.fire(ctx, registry=registry_of(odd))
     assert outcome_of(dispatch, "odd").outcome == hooks.OUTCOME_INVALID
     assert "yes please" in (outcome_of(dispatch, "odd").error or "")
 
@@ -112,7 +113,7 @@ def test_a_listener_cannot_change_the_context_it_is_given():
         ctx.tags[t.TAG_TASK] = "other"
 
     ctx = create_ctx()
-    dispatch = hooks.fire(ctx, registry=hooks.registry_of(meddler))
+    dispatch = hooks.fire(ctx, registry=registry_of(meddler))
     assert outcome_of(dispatch, "meddler").outcome == hooks.OUTCOME_ERROR
     assert ctx.tags[t.TAG_TASK] == "order_cleanup"
 
@@ -130,7 +131,7 @@ def test_a_deny_is_honored_only_from_a_blocking_listener(blocking, outcome, deni
     def gate(ctx):
         return hooks.deny("maintenance window")
 
-    dispatch = hooks.fire(create_ctx(), registry=hooks.registry_of(gate))
+    dispatch = hooks.fire(create_ctx(), registry=registry_of(gate))
     assert outcome_of(dispatch, "gate").outcome == outcome
     assert dispatch.denied is denied
     assert "maintenance window" in (outcome_of(dispatch, "gate").reason or "")
@@ -143,7 +144,7 @@ def test_a_deny_outside_before_task_create_is_recorded_and_ignored():
         return hooks.deny("too late")
 
     ctx = create_ctx().for_event(hooks.TASK_BEFORE, entry_id=1, attempt=1, run_id="r")
-    dispatch = hooks.fire(ctx, registry=hooks.registry_of(late_gate))
+    dispatch = hooks.fire(ctx, registry=registry_of(late_gate))
     assert outcome_of(dispatch, "late_gate").outcome == hooks.OUTCOME_DENY_IGNORED
     assert not dispatch.denied
 
@@ -162,7 +163,7 @@ def test_a_degrade_adds_tags_but_never_changes_or_reserves_contract_ones():
             reason="source is slow",
         )
 
-    gate = hooks.gate_creation(create_ctx().tags, registry=hooks.registry_of(softer))
+    gate = hooks.gate_creation(create_ctx().tags, registry=registry_of(softer))
     assert not gate.denied
     assert gate.tags[t.TAG_DUE] == DUE
     assert gate.tags["plugin/mode"] == "degraded"
@@ -178,7 +179,7 @@ def test_creation_outcomes_travel_in_a_bounded_tag_and_decode_back():
     def chatty(ctx):
         return hooks.deny("x" * 5000)  # not blocking: recorded, ignored, cut short
 
-    registry = hooks.registry_of(chatty)
+    registry = registry_of(chatty)
     gate = hooks.announce_creation(
         hooks.gate_creation(create_ctx().tags, registry=registry), registry=registry
     )
@@ -202,7 +203,7 @@ def test_every_outcome_is_logged_as_one_json_object_per_line(caplog):
         raise ValueError("nope")
 
     caplog.set_level(logging.INFO, logger=hooks.LOGGER.name)
-    hooks.fire(create_ctx(), registry=hooks.registry_of(ok, bad))
+    hooks.fire(create_ctx(), registry=registry_of(ok, bad))
     lines = [r for r in caplog.records if r.name == hooks.LOGGER.name]
     assert len(lines) == 2
     parsed = [json.loads(r.getMessage()) for r in lines]

@@ -1,8 +1,9 @@
 """Plugin hooks through real evaluations and runs: the code location's schedules
 (dg.build_schedule_context), real asset runs (dg.materialize) and the real SQLite ledger.
 
-Listeners are installed in code for these tests (``set_active_hooks``); discovery through
-entry points and the config file is tested in test_hooks.py.
+Listeners are installed in code for these tests (``hook_support.SwappableHooks``, the hooks
+object the schedules, assets and launches below are built with); discovery through entry
+points and the config file is tested in test_hooks.py.
 """
 
 import json
@@ -14,10 +15,12 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
+from hook_support import SwappableHooks
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration import hooks
-from orchestration.definitions import defs
+from orchestration.catalog import task_views
+from orchestration.factory import build_task_definitions
 from orchestration.manual import launch_manual
 from orchestration.registry import EverySlots, TaskSpec
 from orchestration.runtime import task_run
@@ -28,7 +31,10 @@ from resources.ledger import RunLedger
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 DUE_KEY = "2026-11-30T22:45:00Z"
-TICK_ASSETS = {a.key.to_user_string(): a for a in SLOT_TICK_ASSETS}
+# What each test installs; the code location's schedules and assets, built with it.
+HOOKS = SwappableHooks()
+SCHEDULES = {s.name: s for s in build_task_definitions(task_views(), hooks=HOOKS)[1]}
+TICK_ASSETS = {a.task_key: a.build(HOOKS) for a in SLOT_TICK_ASSETS}
 # A registered-by-its-own-asset task whose body always fails (not in TASKS; its runs are
 # supported because the run's task is the asset's own task).
 PROBE = TaskSpec(
@@ -43,7 +49,7 @@ PROBE = TaskSpec(
 
 @dg.asset(name="hook_probe")
 def hook_probe(context: dg.AssetExecutionContext, ledger: RunLedger):
-    with task_run(context, ledger, PROBE) as run:
+    with task_run(context, ledger, PROBE, hooks=HOOKS) as run:
         if run.claimed:
             raise ValueError("the source is down")
 
@@ -67,14 +73,10 @@ class Recorder:
 
 @pytest.fixture
 def install():
-    """Install listeners for the test; the process's registry is put back afterwards."""
-    previous = hooks.set_active_hooks(hooks.registry_of())
-
-    def _install(*listeners: hooks.Listener) -> None:
-        hooks.set_active_hooks(hooks.registry_of(*listeners))
-
-    yield _install
-    hooks.set_active_hooks(previous)
+    """Install listeners for the test; none are left installed afterwards."""
+    HOOKS.reset()
+    yield HOOKS.install
+    HOOKS.reset()
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance):
-    schedule = defs.get_schedule_def(schedule_name)
+    schedule = SCHEDULES[schedule_name]
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
     return schedule.evaluate_tick(context)
 
@@ -296,6 +298,7 @@ def test_a_manual_launch_fires_creation_events_with_its_run_id_and_entry(install
         request_id="req-hooks",
         instance=instance,
         ledger=ledger,
+        hooks=HOOKS,
         submit=lambda job, run_id, tags: submitted.append(tags),
     )
     assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
@@ -327,6 +330,7 @@ def test_a_blocking_deny_refuses_a_manual_launch_and_changes_nothing(install, le
             request_id="req-frozen",
             instance=instance,
             ledger=ledger,
+            hooks=HOOKS,
             submit=lambda job, run_id, tags: submitted.append(job),
         )
     assert submitted == []

@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from orchestration.hooks import Hooks
 from orchestration.manual import launch_manual
 from orchestration.services import launch
 from orchestration.services.launch import (
@@ -161,6 +162,7 @@ def test_a_manual_launch_that_times_out_leaves_its_entry_dispatch_failed(
             request_id="r",
             instance=instance,
             ledger=ledger,
+            hooks=Hooks.from_environment(),
         )
     entry = ledger.find("order_cleanup", "manual:r")
     assert entry is not None

@@ -80,6 +80,7 @@ def test_a_crash_mid_tick_then_resume_creates_exactly_one_launched_run(instance,
 
 
 def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance):
+    from orchestration.hooks import Hooks
     from orchestration.manual import launch_manual
     from orchestration.tasks import TASKS
     from resources.ledger import RunLedger
@@ -96,6 +97,7 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
         request_id="req-1",
         instance=instance,
         ledger=ledger,
+        hooks=Hooks.from_environment(),
     )
     again = launch_manual(
         TASKS,
@@ -105,6 +107,7 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
         request_id="req-1",
         instance=instance,
         ledger=ledger,
+        hooks=Hooks.from_environment(),
     )
     scheduled = _task_runs(instance, **{t.TAG_TRIGGER: t.TRIGGER_SCHEDULE})
     manual = _task_runs(instance, **{t.TAG_TRIGGER: t.TRIGGER_MANUAL})

@@ -12,12 +12,16 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pandas as pd
 import pytest
+from hook_support import build
 
-from assets.automation import order_cleanup
+from assets import automation
 from resources.core import tags as t
 from resources.core.slots import format_due
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.source_store import SourceStore, create_schema, make_engine
+
+# The code location's assets, built with this environment's plugin hooks.
+order_cleanup = build(automation.order_cleanup)
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 SCHEDULED = {

@@ -169,11 +169,13 @@ def test_an_empty_ledger_is_all_zero_and_audits_nothing(ledger):
 
 
 def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str):
+    from hook_support import build
+
     from assets.ledger_health import ledger_health
 
     due = "2026-11-30T23:00:00Z"
     result = dg.materialize(
-        [ledger_health],
+        [build(ledger_health)],
         resources={"ledger": RunLedger(database_url=ledger_url)},
         instance=dg.DagsterInstance.ephemeral(),
         tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: due},

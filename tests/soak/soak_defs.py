@@ -33,6 +33,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestration.factory import build_task_definitions
+from orchestration.hooks import Hooks
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import task_run
 from resources.core.settings import ENV_SOURCE_URL
@@ -65,6 +66,8 @@ SPECS = tuple(
     for i in range(TASK_COUNT)
 )
 VIEWS = build_views(SPECS, SLOT_MINUTES, "UTC")
+#: The plugin hooks of this code location (none are installed for the soak; loaded on first use).
+HOOKS = Hooks.from_environment()
 
 soak_metadata = sa.MetaData()
 soak_workers = sa.Table(
@@ -163,7 +166,7 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
         pause = random.Random(context.run_id)
         # Some work before the claim, so a random kill can also land before any claim.
         time.sleep(pause.uniform(0.0, 1.0))
-        with task_run(context, ledger, spec, tasks=SPECS) as run:
+        with task_run(context, ledger, spec, hooks=HOOKS, tasks=SPECS) as run:
             if not run.claimed:
                 return
             channel = SoakChannel(source_url=os.environ[ENV_SOURCE_URL], run_id=context.run_id)
@@ -184,7 +187,7 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
     return _task
 
 
-_jobs, _schedules = build_task_definitions(VIEWS)
+_jobs, _schedules = build_task_definitions(VIEWS, hooks=HOOKS)
 
 defs = dg.Definitions(
     assets=[_asset(spec) for spec in SPECS],

@@ -1,0 +1,190 @@
+"""Plugin hooks: listeners around task creation and execution that cannot break scheduling.
+
+A plugin ships *listeners* (functions of one :class:`HookContext`) for named events:
+
+- ``before_task_create``: before a schedule/sensor/manual request for a task run is
+  emitted. A listener returns :func:`allow`, :func:`deny` (reason) or :func:`degrade`
+  (extra run tags). A deny is honored only from a listener declared ``blocking=True``;
+  from any other listener it is recorded as ``deny_ignored`` and the run goes ahead.
+- ``after_task_create``: the request was emitted (schedule/sensor) or the run submitted
+  (manual launch).
+- ``task_before`` / ``task_after`` / ``task_failed``: around the task body, after the run
+  claimed its ledger entry (a duplicate or late run fires nothing: it does nothing).
+- ``tick.every_slot``, ``tick.every_minute``, ``tick.every_five_minutes``: once per slot,
+  fired by the slot tick tasks (``assets/slot_ticks.py``). The two legacy names keep their
+  names but, like every dueledger schedule, fire at most once per slot.
+
+Registration: entry points in group ``dueledger.hooks`` (see :func:`load_hooks`) plus an
+optional TOML file named by ``DUELEDGER_HOOKS_FILE``. One :class:`Hooks` object per process
+(built by ``orchestration/definitions.py`` and by the CLI) loads them on first use and is
+passed to whatever fires an event; nothing is kept in a module. A plugin that fails to load is
+recorded as a load error (logs, `dueledger hooks`), never raised.
+
+Isolation: every listener call runs in its own thread, inside its own try/except, joined
+with the listener's timeout. An exception, an invalid return value or a timeout becomes an
+outcome (``error`` / ``invalid`` / ``timeout``) and the next listener runs; the scheduler and
+the task go on. A timed-out listener thread cannot be killed in Python: it is abandoned (a
+daemon thread) and whatever it does later is ignored. Timeouts fail open: a blocking
+listener that times out or raises does not deny.
+
+Every outcome is logged as one JSON object per line (logger ``dueledger.hooks``, and the
+Dagster run/tick log when there is one) and stored, bounded, on the run's ledger entry
+(``summary.hooks``). This package does not import Dagster; ``orchestration/factory.py``,
+``orchestration/manual.py`` and ``orchestration/runtime.py`` are the thin shells that fire
+the events.
+
+Modules: ``model`` (events, outcomes, results, context, listeners, the loaded registry),
+``loading`` (entry points and the config file), ``firing`` (isolation and timeouts),
+``records`` (outcomes on the ledger entry and in the ``dueledger/hooks`` tag), ``creation``
+(the ``before/after_task_create`` gate) and ``registry`` (the :class:`Hooks` object).
+"""
+
+from __future__ import annotations
+
+from orchestration.hooks.creation import (
+    CreationGate,
+    announce_creation,
+    creation_context,
+    gate_creation,
+)
+from orchestration.hooks.firing import (
+    Dispatch,
+    ListenerOutcome,
+    fire,
+    run_listener,
+)
+from orchestration.hooks.loading import (
+    load_hooks,
+)
+from orchestration.hooks.model import (
+    AFTER_TASK_CREATE,
+    BEFORE_TASK_CREATE,
+    CREATE_EVENTS,
+    DEFAULT_TIMEOUT_SECONDS,
+    DEGRADE_ALLOWED_SYSTEM_TAGS,
+    ENTRY_POINT_GROUP,
+    ENV_HOOKS_FILE,
+    EVENTS,
+    LOGGER,
+    MAX_DEGRADE_TAGS,
+    MAX_TAG_HOOKS_OUTCOMES,
+    MAX_TAG_KEY_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    MAX_TEXT_CHARS,
+    MAX_TIMEOUT_SECONDS,
+    OUTCOME_ALLOW,
+    OUTCOME_DEGRADE,
+    OUTCOME_DEGRADE_IGNORED,
+    OUTCOME_DENY,
+    OUTCOME_DENY_IGNORED,
+    OUTCOME_ERROR,
+    OUTCOME_INVALID,
+    OUTCOME_TIMEOUT,
+    OUTCOMES,
+    PROTECTED_TAG_PREFIXES,
+    SLOT_EVENTS,
+    SOURCE_CODE,
+    SOURCE_CONFIG,
+    SOURCE_ENTRY_POINT,
+    TAG_HOOKS,
+    TASK_AFTER,
+    TASK_BEFORE,
+    TASK_EVENTS,
+    TASK_FAILED,
+    TICK_EVERY_FIVE_MINUTES,
+    TICK_EVERY_MINUTE,
+    TICK_EVERY_SLOT,
+    Allow,
+    Degrade,
+    Deny,
+    HookContext,
+    HookLog,
+    HookRegistry,
+    HookResult,
+    Listener,
+    ListenerFn,
+    LoadError,
+    allow,
+    degrade,
+    deny,
+    listener,
+)
+from orchestration.hooks.records import (
+    HookRecorder,
+    decode_outcomes,
+    encode_outcomes,
+    fire_and_record,
+    record,
+)
+from orchestration.hooks.registry import (
+    Hooks,
+)
+
+__all__ = [
+    "AFTER_TASK_CREATE",
+    "BEFORE_TASK_CREATE",
+    "CREATE_EVENTS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "DEGRADE_ALLOWED_SYSTEM_TAGS",
+    "ENTRY_POINT_GROUP",
+    "ENV_HOOKS_FILE",
+    "EVENTS",
+    "LOGGER",
+    "MAX_DEGRADE_TAGS",
+    "MAX_TAG_HOOKS_OUTCOMES",
+    "MAX_TAG_KEY_CHARS",
+    "MAX_TAG_VALUE_CHARS",
+    "MAX_TEXT_CHARS",
+    "MAX_TIMEOUT_SECONDS",
+    "OUTCOMES",
+    "OUTCOME_ALLOW",
+    "OUTCOME_DEGRADE",
+    "OUTCOME_DEGRADE_IGNORED",
+    "OUTCOME_DENY",
+    "OUTCOME_DENY_IGNORED",
+    "OUTCOME_ERROR",
+    "OUTCOME_INVALID",
+    "OUTCOME_TIMEOUT",
+    "PROTECTED_TAG_PREFIXES",
+    "SLOT_EVENTS",
+    "SOURCE_CODE",
+    "SOURCE_CONFIG",
+    "SOURCE_ENTRY_POINT",
+    "TAG_HOOKS",
+    "TASK_AFTER",
+    "TASK_BEFORE",
+    "TASK_EVENTS",
+    "TASK_FAILED",
+    "TICK_EVERY_FIVE_MINUTES",
+    "TICK_EVERY_MINUTE",
+    "TICK_EVERY_SLOT",
+    "Allow",
+    "CreationGate",
+    "Degrade",
+    "Deny",
+    "Dispatch",
+    "HookContext",
+    "HookLog",
+    "HookRecorder",
+    "HookRegistry",
+    "HookResult",
+    "Hooks",
+    "Listener",
+    "ListenerFn",
+    "ListenerOutcome",
+    "LoadError",
+    "allow",
+    "announce_creation",
+    "creation_context",
+    "decode_outcomes",
+    "degrade",
+    "deny",
+    "encode_outcomes",
+    "fire",
+    "fire_and_record",
+    "gate_creation",
+    "listener",
+    "load_hooks",
+    "record",
+    "run_listener",
+]
