@@ -154,11 +154,6 @@ def write_archive(frame: pd.DataFrame, path: Path) -> ArchiveFile:
     return ArchiveFile(path, len(frame), digest, int(ids.min()), int(ids.max()))
 
 
-def read_archive(path: Path) -> pd.DataFrame:
-    """An archive file as a DataFrame (what an auditor would do: `pd.read_csv(path)`)."""
-    return pd.read_csv(path, compression="gzip")
-
-
 def verify_archive(archive: ArchiveFile, expected_ids: np.ndarray) -> None:
     """Raise ArchiveVerificationError unless the file decompresses to the same CSV text
     (sha256) and parses back to exactly `expected_ids`, in order."""
