@@ -71,6 +71,10 @@ def build_task_job(view: TaskView) -> dg.UnresolvedAssetJobDefinition:
         description=_description(view),
         run_tags=job_run_tags(view),
         metadata=_metadata(view),
+        # A task job is one asset, so one step: the in-process executor runs it inside the
+        # run worker. Multiprocess would start a second process that loads the code location
+        # again, for nothing (docs/performance.md).
+        executor_def=dg.in_process_executor,
     )
 
 
