@@ -38,9 +38,9 @@ def test_a_task_run_is_one_process(tmp_path: Path) -> None:
         "DUELEDGER_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
         "DUELEDGER_SOURCE_URL": f"sqlite:///{tmp_path / 'source.sqlite'}",
     }
+    command = ["job", "execute", "-m", "orchestration.definitions", "-j", "tick_every_minute_job"]
     proc = subprocess.run(
-        [str(DAGSTER), "job", "execute", "-m", "orchestration.definitions"]
-        + ["-j", "tick_every_minute_job"],
+        [str(DAGSTER), *command],
         cwd=ROOT,
         env=env,
         capture_output=True,
