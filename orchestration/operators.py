@@ -15,10 +15,11 @@ The allow-list is a TOML file named by ``DUELEDGER_OPERATORS``::
     carol = ["viewer"]
     dagster-ui = ["retrier"]   # re-executions started from the Dagster UI
 
-When no file is configured (the variable is unset or empty) or the named file does not
-exist, there is a single local operator with all roles: any ``--operator`` name is
-accepted and recorded as given. That is the local, one-person default; a deployment
-shared by several people sets the variable to an existing file.
+When no file is configured (the variable is unset or empty) there is a single local
+operator with all roles: any ``--operator`` name is accepted and recorded as given. That is
+the local, one-person default; a deployment shared by several people sets the variable to
+an existing file. A variable that names a file which does not exist is an error, never the
+local default: a typo in the path must not give every name every role (fail closed).
 
 Pure: parsing and role checks do no I/O besides reading that one file.
 """
@@ -150,12 +151,19 @@ def parse_operators(text: str, source: str) -> Operators:
 
 
 def load_operators(path: str | None) -> Operators:
-    """The allow-list from ``path``; no path or a missing file: the single local operator."""
+    """The allow-list from ``path``; no path: the single local operator.
+
+    A path to a file that does not exist raises :class:`OperatorsFileError` (fails closed).
+    """
     if not path or not path.strip():
         return Operators(source=f"{ENV_OPERATORS} not set", local=True)
     file = Path(path).expanduser()
     if not file.exists():
-        return Operators(source=f"{ENV_OPERATORS}={path} does not exist", local=True)
+        raise OperatorsFileError(
+            f"{ENV_OPERATORS}={path} names a file that does not exist; create the "
+            f"allow-list there (docs/operators.md) or unset {ENV_OPERATORS} for the single "
+            f"local operator"
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:

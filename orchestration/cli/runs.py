@@ -157,13 +157,7 @@ def _operator(name: str) -> str:
 
 
 def load_operators() -> Operators:
-    operators = operators_from_env()
-    if operators.local and "does not exist" in operators.source:
-        click.echo(
-            f"warning: {operators.source}: every operator has every role until it exists",
-            err=True,
-        )
-    return operators
+    return operators_from_env()
 
 
 def require_role(

@@ -532,6 +532,24 @@ def test_launch_needs_the_retrier_role(team: Cli) -> None:
     assert count_rows(team.url) == 0  # nothing launched, no entry
 
 
+def test_an_operators_file_that_does_not_exist_refuses_everyone(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = failed(cli.ledger)
+    missing = tmp_path / "operaters.toml"  # a typo in the path must not open every role
+    monkeypatch.setenv(ENV_OPERATORS, str(missing))
+    for args in (
+        ["runs", "list", "--operator", "alice"],
+        ["runs", "retry", str(parent.id), "--operator", "alice", "--reason", "r"],
+        ["launch", TASK, "--operator", "alice", "--reason", "r"],
+    ):
+        message = cli.error(*args, code=2)
+        assert f"{ENV_OPERATORS}={missing} names a file that does not exist" in message
+    assert cli.ledger.children(parent.id) == []
+    assert cli.ledger.audit_for(parent.id) == []
+    assert count_rows(cli.url) == 1  # only the parent: nothing launched
+
+
 def test_without_an_operators_file_everyone_is_the_local_operator(cli: Cli) -> None:
     assert cli.json("runs", "list", "--operator", "whoever") == {
         "entries": [],

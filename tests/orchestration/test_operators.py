@@ -72,14 +72,24 @@ def test_a_refusal_names_the_file_and_what_is_missing(operators_file: Path) -> N
     assert "has roles [viewer]" in weak.detail and "'retrier' (or higher) is needed" in weak.detail
 
 
-def test_no_file_means_one_local_operator_with_every_role(tmp_path: Path) -> None:
-    for configured in (None, "", str(tmp_path / "missing.toml")):
+def test_no_file_means_one_local_operator_with_every_role() -> None:
+    for configured in (None, "", "  "):
         operators = load_operators(configured)
         assert operators.local
         assert all(operators.check("anyone", role).passed for role in ROLES)
     assert operators_from_env({}).local
-    assert operators_from_env({ENV_OPERATORS: str(tmp_path / "missing.toml")}).local
-    assert "does not exist" in load_operators(str(tmp_path / "missing.toml")).source
+
+
+def test_a_missing_file_fails_closed(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.toml")
+    for load in (
+        lambda: load_operators(missing),
+        lambda: operators_from_env({ENV_OPERATORS: missing}),
+    ):
+        with pytest.raises(OperatorsFileError) as raised:
+            load()
+        assert f"{ENV_OPERATORS}={missing} names a file that does not exist" in str(raised.value)
+        assert "unset DUELEDGER_OPERATORS" in str(raised.value)
 
 
 def test_the_variable_names_the_file(operators_file: Path) -> None:
