@@ -23,7 +23,7 @@ from orchestration.cli.support import (
     table,
     today_utc,
 )
-from resources.core.settings import load_settings
+from resources.core.settings import load_settings, mask_url
 
 
 @click.group()
@@ -148,10 +148,11 @@ def sample_data_cmd(
         raise Refused(str(exc).replace("replace=True", "--replace")) from exc
     finally:
         engine.dispose()
+    where = mask_url(settings.source_url)  # never print the store's password
     if as_json:
-        print_json({"source_url": settings.source_url, "as_of": anchor.isoformat(), **counts})
+        print_json({"source_url": where, "as_of": anchor.isoformat(), **counts})
         return
-    click.echo(f"sample data as of {anchor.isoformat()} in {settings.source_url}: {counts}")
+    click.echo(f"sample data as of {anchor.isoformat()} in {where}: {counts}")
 
 
 # `runs list|show|retry` and `summary` live in orchestration/cli/runs.py.

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 ENV_SLOT_MINUTES = "DUELEDGER_SLOT_MINUTES"
 ENV_TIMEZONE = "DUELEDGER_TIMEZONE"
 ENV_DATABASE_URL = "DUELEDGER_DATABASE_URL"
@@ -92,3 +95,24 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         slot_minutes=parse_slot_minutes(env.get(ENV_SLOT_MINUTES)),
         timezone=parse_timezone(env.get(ENV_TIMEZONE)),
     )
+
+
+#: Query parameters of a database URL whose values are secrets (libpq's and drivers' names).
+_SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "secret", "token", "sslpassword")
+
+
+def mask_url(url: str) -> str:
+    """The database URL safe for messages, logs and ``--json`` output: its password and any
+    secret-looking query value (``?password=...``) replaced by ``***``."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<unparseable database URL>"
+    secret = {
+        key: "***"
+        for key in parsed.query
+        if any(word in key.lower() for word in _SECRET_QUERY_KEYS)
+    }
+    if secret:
+        parsed = parsed.update_query_dict(secret)
+    return parsed.render_as_string(hide_password=True)

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from resources.core.settings import ENV_DATABASE_URL
+from resources.core.settings import ENV_DATABASE_URL, mask_url
 from resources.ledger.model import LedgerError
 from resources.ledger.statements import Statements, statements_for
 
@@ -231,14 +231,6 @@ def build_runtime(url: str, busy_timeout_ms: int, inherited: Runtime | None = No
 
 
 # --- engine setup ----------------------------------------------------------------------------
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (safe for messages and logs)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return "<unparseable database URL>"
 
 
 def create_engine(url_text: str, busy_timeout_ms: int) -> Engine:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import dagster as dg
 import pytest
 from click.testing import CliRunner
+from sqlalchemy.engine import make_url
 
 from orchestration.cli import main
 from orchestration.hooks import Hooks
@@ -15,6 +16,7 @@ from orchestration.manual import launch_manual
 from orchestration.services.launch import manual_run_id
 from orchestration.tasks import TASKS
 from resources.core.errors import Refused
+from resources.core.settings import mask_url
 from resources.ledger import RunLedger
 
 
@@ -97,3 +99,28 @@ def test_sample_data_rejects_a_malformed_as_of_with_exit_2(monkeypatch, tmp_path
     code, out = invoke("sample-data", "--as-of", "yesterday", "--json")
     assert code == 2
     assert "--as-of 'yesterday'" in json.loads(out)["error"]
+
+
+@pytest.mark.postgres
+def test_sample_data_never_prints_the_source_password(monkeypatch, postgres_url):
+    # The throwaway server trusts local connections, so a password in the URL is accepted
+    # and must still appear nowhere in what the command prints.
+    url = make_url(postgres_url).set(password="s3cret-pw").render_as_string(hide_password=False)
+    assert "s3cret-pw" in url
+    monkeypatch.setenv("DUELEDGER_SOURCE_URL", url)
+    for args in (("--json",), ()):
+        code, out = invoke("sample-data", "--services", "5", "--replace", *args)
+        assert code == 0, out
+        assert "s3cret" not in out
+        assert "***" in out
+
+
+def test_mask_url_hides_the_password_and_secret_query_values():
+    assert (
+        mask_url("postgresql+psycopg2://u:pw@h:5432/db") == "postgresql+psycopg2://u:***@h:5432/db"
+    )
+    masked = mask_url("postgresql://u@h/db?sslmode=require&password=pw&Auth_Token=t")
+    assert "pw" not in masked and "=t" not in masked
+    assert "sslmode=require" in masked
+    assert mask_url("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
+    assert mask_url("not a url") == "<unparseable database URL>"
