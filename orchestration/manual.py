@@ -111,6 +111,14 @@ def launch_manual(
     )
     if gate is not None:
         record(ledger, entry.id, gate.before.records())
+        # This request's earlier launch failed before any run existed: launching it again
+        # is its re-dispatch, so its run finds the entry claimable.
+        if entry.status == t.STATUS_DISPATCH_FAILED and not ledger.redispatch(entry.id):
+            raise Refused(
+                f"request {request_id!r} of task {task_key!r} (entry {entry.id}) is "
+                f"dispatch_failed and was retried by hand since; launch a new request "
+                f"or see `dueledger runs show {entry.id}`. Nothing was launched."
+            )
         try:
             submit(spec.job_name, run_id, dict(gate.tags))
         except LaunchFailed as exc:

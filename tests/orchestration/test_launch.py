@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,45 @@ def test_a_manual_launch_that_times_out_leaves_its_entry_dispatch_failed(
     assert (entry.status, entry.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
     assert entry.error is not None and "did not finish within" in entry.error
     ledger.dispose()
+
+
+def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Path) -> None:
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.migrate()
+    submitted: list[str] = []
+
+    def down(job: str, run_id: str, tags: dict[str, str]) -> str:
+        raise LaunchFailed("the run launcher is down")
+
+    def up(job: str, run_id: str, tags: dict[str, str]) -> str:
+        submitted.append(run_id)
+        return run_id
+
+    args: dict[str, Any] = {"operator": "ops", "reason": "x", "request_id": "r"}
+    with dg.instance_for_test() as instance:
+        with pytest.raises(LaunchFailed):
+            launch_manual(
+                TASKS,
+                "order_cleanup",
+                instance=instance,
+                ledger=ledger,
+                hooks=Hooks.from_environment(),
+                submit=down,
+                **args,
+            )
+        [failed] = ledger.list_entries(limit=5)[0]
+        assert failed.status == t.STATUS_DISPATCH_FAILED
+        result = launch_manual(
+            TASKS,
+            "order_cleanup",
+            instance=instance,
+            ledger=ledger,
+            hooks=Hooks.from_environment(),
+            submit=up,
+            **args,
+        )
+    assert submitted == [manual_run_id("order_cleanup", "r")]
+    assert result.entry_id == failed.id
+    entry = ledger.get(failed.id)
+    assert entry is not None and entry.status == t.STATUS_QUEUED  # its run can claim it
+    assert ledger.claim(entry.id, submitted[0], lease_ttl=timedelta(minutes=5)).claimed
