@@ -149,7 +149,7 @@ def _config_listeners(path: Path, data: Mapping[str, Any], loader: _Loader) -> N
                 if name and len(found) == 1:
                     changes["name"] = name
                 loader.add(replace(one, **changes), SOURCE_CONFIG, label)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a listener file's import must not stop us
             loader.error(SOURCE_CONFIG, name or label, target, error_text(exc))
 
 

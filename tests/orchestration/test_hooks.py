@@ -275,6 +275,31 @@ name = "typo"
     assert "unknown event 'task_befor'" in errors["typo"]
 
 
+def test_a_listener_module_that_calls_sys_exit_is_a_load_error(tmp_path, monkeypatch):
+    (tmp_path / "exiting_hooks_module.py").write_text(
+        "import sys\nsys.exit('plugin gave up')\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    environ = write_config(
+        tmp_path,
+        f"""
+[[listeners]]
+target = "exiting_hooks_module:anything"
+events = ["task_before"]
+
+[[listeners]]
+target = "{__name__}:plain_listener"
+events = ["task_before"]
+name = "still_loaded"
+""",
+    )
+    registry = hooks.load_hooks(environ=environ, entry_points=())
+    assert [x.name for x in registry.listeners] == ["still_loaded"]
+    (error,) = registry.load_errors
+    assert error.target == "exiting_hooks_module:anything"
+    assert "SystemExit" in error.error and "plugin gave up" in error.error
+
+
 def test_a_missing_or_broken_config_file_is_a_load_error_not_a_crash(tmp_path):
     missing = hooks.load_hooks(
         environ={hooks.ENV_HOOKS_FILE: str(tmp_path / "nope.toml")}, entry_points=()
