@@ -18,6 +18,7 @@ from orchestration.hooks import CreationGate, Hooks, record
 from orchestration.registry import TaskSpec, find_task, task_run_tags
 from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
 from resources.core import tags as t
+from resources.core.checks import check_reason, check_request_id
 from resources.core.errors import InvalidInput, Refused
 from resources.ledger import RunLedger, dedup_key_for_request
 
@@ -80,16 +81,18 @@ def launch_manual(
         raise InvalidInput(f"unknown task {task_key!r}; registered tasks: {known}")
     if not operator.strip():
         raise InvalidInput("--operator must name who launches the run")
-    if not reason.strip():
-        raise InvalidInput("--reason must say why the run is launched")
+    try:
+        check_reason(reason, "why the run is launched")
+        if request_id is not None:
+            check_request_id(request_id)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     if not spec.manual_trigger:
         raise Refused(
             f"task {task_key!r} is not manually triggerable; set manual_trigger=True in "
             f"orchestration/tasks.py if manual runs are safe for it. Nothing was launched."
         )
     request_id = request_id or str(uuid.uuid4())
-    if not request_id.strip():
-        raise InvalidInput("--request-id must not be empty")
     run_id = manual_run_id(task_key, request_id)
     existing = instance.get_run_by_id(run_id)
     gate: CreationGate | None = None

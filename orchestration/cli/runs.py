@@ -33,6 +33,7 @@ from orchestration.operators import (
     operators_from_env,
 )
 from resources.core import tags as t
+from resources.core.checks import check_reason
 from resources.core.errors import InvalidInput
 from resources.core.settings import load_settings
 from resources.ledger import DEFAULT_LIST_LIMIT, Entry, RunLedger
@@ -396,8 +397,10 @@ def retry_cmd(
 
     entry_no = parse_entry_id(entry_id)
     name = _operator(operator)
-    if not reason.strip():
-        raise InvalidInput("--reason must say why the entry is retried")
+    try:
+        check_reason(reason, "why the entry is retried")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     settings = local_settings()
     ledger = open_ledger(settings)
     operators = load_operators()

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Final
+
+#: The longest ``--reason``: it is stored on the entry and its audit, and it travels as a run
+#: tag on the launch's command line (a 40,000-character one exceeded the OS argument limit).
+MAX_REASON_CHARS: Final = 2000
+#: The longest ``--request-id``: its ledger key ``manual:<id>`` is a 400-character column.
+MAX_REQUEST_ID_CHARS: Final = 200
 
 
 def require_text(value: object, name: str) -> str:
@@ -22,3 +29,29 @@ def require_aware(dt: datetime, name: str) -> datetime:
             f"(e.g. datetime.now(UTC))"
         )
     return dt
+
+
+def check_reason(reason: str, what: str) -> str:
+    """A usable ``--reason`` (``what``: "why the run is launched"), else ValueError."""
+    text = (reason or "").strip()
+    if not text:
+        raise ValueError(f"--reason must say {what}")
+    if len(text) > MAX_REASON_CHARS:
+        raise ValueError(
+            f"--reason is {len(text)} characters; at most {MAX_REASON_CHARS} are kept with the "
+            f"entry and its run: shorten it and link to the details (a ticket, a document)"
+        )
+    return text
+
+
+def check_request_id(request_id: str) -> str:
+    """A usable ``--request-id``, else ValueError naming the limit."""
+    text = (request_id or "").strip()
+    if not text:
+        raise ValueError("--request-id must not be empty")
+    if len(text) > MAX_REQUEST_ID_CHARS:
+        raise ValueError(
+            f"--request-id is {len(text)} characters; at most {MAX_REQUEST_ID_CHARS} are "
+            f"allowed (use a short id, such as a ticket number or a UUID)"
+        )
+    return text

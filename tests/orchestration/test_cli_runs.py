@@ -555,3 +555,22 @@ def test_without_an_operators_file_everyone_is_the_local_operator(cli: Cli) -> N
         "entries": [],
         "next_cursor": None,
     }
+
+
+def test_an_overlong_reason_is_invalid_input_and_changes_nothing(cli: Cli) -> None:
+    parent = failed(cli.ledger)
+    huge = "x" * 40_000
+    message = cli.error(
+        "runs", "retry", str(parent.id), "--operator", "alice", "--reason", huge, code=2
+    )
+    assert "--reason is 40000 characters; at most 2000" in message
+    message = cli.error("launch", TASK, "--operator", "alice", "--reason", huge, code=2)
+    assert "--reason is 40000 characters" in message
+    long_id = "r" * 300
+    message = cli.error(
+        "launch", TASK, "--operator", "alice", "--reason", "r", "--request-id", long_id, code=2
+    )
+    assert "--request-id is 300 characters; at most 200" in message
+    assert cli.ledger.children(parent.id) == []
+    assert cli.ledger.audit_for(parent.id) == []
+    assert count_rows(cli.url) == 1  # only the parent
