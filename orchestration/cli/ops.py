@@ -56,13 +56,19 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     click.echo(f"{verb} {len(reclaims)} expired lease(s)", err=bool(reclaims))
 
 
+_MAX_AGE_SECONDS = 366 * 24 * 3600
+
+
 def _max_age(text: str) -> timedelta:
     try:
         seconds = int(text)
     except ValueError:
         seconds = 0
-    if seconds <= 0:
-        raise InvalidInput(f"--max-age-seconds {text!r} must be a positive whole number of seconds")
+    if not 0 < seconds <= _MAX_AGE_SECONDS:
+        raise InvalidInput(
+            f"--max-age-seconds {text!r} must be a whole number of seconds from 1 to "
+            f"{_MAX_AGE_SECONDS} (a year)"
+        )
     return timedelta(seconds=seconds)
 
 

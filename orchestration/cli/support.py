@@ -100,12 +100,23 @@ def today_utc() -> datetime:
     return now.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+#: Instants the commands accept: windows and slot arithmetic around them stay representable.
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def parse_instant(text: str, option: str) -> datetime:
     """ISO-8601 → aware UTC datetime; anything else is invalid input naming the option."""
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise InvalidInput(
             f"{option} {text!r} is not an ISO-8601 time (e.g. 2026-11-30T22:45:00Z)"
         ) from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if not _EARLIEST <= value <= _LATEST:
+        raise InvalidInput(
+            f"{option} {text!r} is out of range: give a time between "
+            f"{_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (UTC)"
+        )
+    return value

@@ -574,3 +574,19 @@ def test_an_overlong_reason_is_invalid_input_and_changes_nothing(cli: Cli) -> No
     assert cli.ledger.children(parent.id) == []
     assert cli.ledger.audit_for(parent.id) == []
     assert count_rows(cli.url) == 1  # only the parent
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["runs", "list", "--since", "0001-01-01T00:00:00+05:00"], "--since '0001-01-01"),
+        (["runs", "list", "--until", "9999-12-31T23:59:59-05:00"], "--until '9999-12-31"),
+        (["runs", "list", "--since", "1900-01-01T00:00:00Z"], "is out of range"),
+        (["sample-data", "--as-of", "9999-12-31T00:00:00Z"], "--as-of '9999-12-31"),
+        (["liveness", "--max-age-seconds", "99999999999999999999"], "from 1 to 31622400"),
+    ],
+)
+def test_times_out_of_range_are_invalid_input_not_a_traceback(
+    sqlite_cli: Cli, args: list[str], expected: str
+) -> None:
+    assert expected in sqlite_cli.error(*args, code=2)
