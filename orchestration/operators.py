@@ -166,8 +166,11 @@ def load_operators(path: str | None) -> Operators:
         )
     try:
         text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise OperatorsFileError(f"cannot read operators file {file}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OperatorsFileError(
+            f"cannot read operators file {file}: {exc}; it must be a UTF-8 TOML file "
+            f"(docs/operators.md)"
+        ) from None
     return parse_operators(text, str(file))
 
 

@@ -80,6 +80,13 @@ def test_no_file_means_one_local_operator_with_every_role() -> None:
     assert operators_from_env({}).local
 
 
+def test_a_file_of_random_bytes_is_an_operators_file_error(tmp_path: Path) -> None:
+    path = tmp_path / "operators.toml"
+    path.write_bytes(bytes(range(128, 256)) * 4)
+    with pytest.raises(OperatorsFileError, match="must be a UTF-8 TOML file"):
+        load_operators(str(path))
+
+
 def test_a_missing_file_fails_closed(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.toml")
     for load in (
