@@ -138,19 +138,24 @@ def _split_tags(
 
 
 def _call(item: Listener, context: HookContext) -> tuple[str, Any]:
-    """Call the listener in a daemon thread, joined with its timeout.
+    """Call the listener and judge what it returned, in a daemon thread joined with its
+    timeout: the listener's value is plugin code too (a ``__repr__``, a ``reason`` whose
+    ``__str__`` sleeps), so it is read inside the timed call, never after it.
 
-    Returns ("ok", value), ("error", exception) or ("timeout", None). A thread still
-    running after its timeout cannot be killed in Python: it is abandoned and its result,
-    whenever it comes, is dropped.
+    Returns ("ok", outcome fields), ("error", error text) or ("timeout", None). A thread
+    still running after its timeout cannot be killed in Python: it is abandoned and its
+    result, whenever it comes, is dropped.
     """
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = item.fn(context)
+            box["value"] = _judge(item, context, item.fn(context))
         except BaseException as exc:  # SystemExit in a listener must not end anything either
-            box["error"] = exc
+            try:
+                box["error"] = error_text(exc)
+            except BaseException:  # an exception whose text cannot be read
+                box["error"] = type(exc).__name__
 
     thread = threading.Thread(target=target, name=f"dueledger-hook-{item.name}", daemon=True)
     thread.start()
@@ -213,8 +218,8 @@ def run_listener(item: Listener, context: HookContext) -> ListenerOutcome:
             error=f"no answer within {wait}; the listener thread was abandoned",
         )
     if status == "error":
-        return replace(base, error=error_text(value))
-    return replace(base, **_judge(item, context, value))
+        return replace(base, error=value)
+    return replace(base, **value)
 
 
 def fire(context: HookContext, *, registry: HookRegistry, log: HookLog | None = None) -> Dispatch:

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,33 @@ def test_a_slow_listener_is_abandoned_at_its_timeout_and_the_next_listener_still
     assert "0.2s" in (slow_outcome.error or "")
     assert outcome_of(dispatch, "quick").outcome == hooks.OUTCOME_ALLOW
     assert not dispatch.denied  # its late deny is dropped
+
+
+def test_a_returned_value_that_hangs_when_read_is_bounded_by_the_timeout():
+    release = threading.Event()
+
+    class Sleepy:
+        def __repr__(self) -> str:
+            release.wait(30)
+            return "sleepy"
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, timeout_seconds=0.2)
+    def odd(ctx):
+        return Sleepy()
+
+    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=True, timeout_seconds=0.2)
+    def slow_reason(ctx):
+        return hooks.deny(Sleepy())
+
+    started = time.monotonic()
+    try:
+        dispatch = hooks.fire(create_ctx(), registry=registry_of(odd, slow_reason))
+    finally:
+        release.set()
+    assert time.monotonic() - started < 10
+    assert outcome_of(dispatch, "odd").outcome == hooks.OUTCOME_TIMEOUT
+    assert outcome_of(dispatch, "slow_reason").outcome == hooks.OUTCOME_TIMEOUT
+    assert not dispatch.denied
 
 
 def test_a_listener_returning_something_else_is_recorded_as_invalid():
