@@ -127,18 +127,39 @@ def launch_cmd(
     help="Anchor instant (ISO-8601, UTC); default: today 00:00Z, so a day's data is stable.",
 )
 @click.option("--replace", is_flag=True, help="Regenerate even if sample data exists.")
+@click.option(
+    "--confirm-database",
+    default=None,
+    metavar="NAME",
+    help="With --replace on a server database: its name, to confirm deleting its data.",
+)
 @json_option
 @handle_errors
 def sample_data_cmd(
-    services: int, seed: int, as_of: str | None, replace: bool, as_json: bool
+    services: int,
+    seed: int,
+    as_of: str | None,
+    replace: bool,
+    confirm_database: str | None,
+    as_json: bool,
 ) -> None:
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
+    from sqlalchemy.engine import make_url
+
     from resources.sample_data import generate_sample_data
     from resources.source_store import make_engine
 
     settings = local_settings()
     anchor = parse_instant(as_of, "--as-of") if as_of else today_utc()
+    url = make_url(settings.source_url)
+    if replace and url.get_backend_name() != "sqlite" and confirm_database != url.database:
+        # A local SQLite file is the sample store; a server database may be production.
+        raise Refused(
+            f"--replace deletes every customer, service, invoice, payment, order and ticket "
+            f"in {mask_url(settings.source_url)}; if that is meant, repeat with "
+            f"--confirm-database {url.database}. Nothing was changed."
+        )
     engine = make_engine(settings.source_url)
     try:
         counts = generate_sample_data(

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
@@ -108,8 +109,9 @@ def test_sample_data_never_prints_the_source_password(monkeypatch, postgres_url)
     url = make_url(postgres_url).set(password="s3cret-pw").render_as_string(hide_password=False)
     assert "s3cret-pw" in url
     monkeypatch.setenv("DUELEDGER_SOURCE_URL", url)
+    confirm = ("--replace", "--confirm-database", str(make_url(postgres_url).database))
     for args in (("--json",), ()):
-        code, out = invoke("sample-data", "--services", "5", "--replace", *args)
+        code, out = invoke("sample-data", "--services", "5", *confirm, *args)
         assert code == 0, out
         assert "s3cret" not in out
         assert "***" in out
@@ -124,3 +126,25 @@ def test_mask_url_hides_the_password_and_secret_query_values():
     assert "sslmode=require" in masked
     assert mask_url("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
     assert mask_url("not a url") == "<unparseable database URL>"
+
+
+@pytest.mark.postgres
+def test_sample_data_replace_on_a_server_database_needs_its_name(monkeypatch, postgres_url):
+    monkeypatch.setenv("DUELEDGER_SOURCE_URL", postgres_url)
+    code, out = invoke("sample-data", "--services", "5", "--json")
+    assert code == 0, out
+    name = make_url(postgres_url).database
+    for confirm in ((), ("--confirm-database", "production")):
+        code, out = invoke("sample-data", "--services", "7", "--replace", *confirm, "--json")
+        assert code == 3, out
+        assert f"repeat with --confirm-database {name}" in json.loads(out)["error"]
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:  # still the first data set: nothing was deleted
+            assert conn.execute(sa.text("SELECT count(*) FROM services")).scalar_one() == 5
+    finally:
+        engine.dispose()
+    code, out = invoke(
+        "sample-data", "--services", "7", "--replace", "--confirm-database", name, "--json"
+    )
+    assert code == 0 and json.loads(out)["services"] == 7
