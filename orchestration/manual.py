@@ -81,8 +81,9 @@ def launch_manual(
         raise InvalidInput(f"unknown task {task_key!r}; registered tasks: {known}")
     if not operator.strip():
         raise InvalidInput("--operator must name who launches the run")
+    operator = operator.strip()  # recorded as checked: " alice " is alice
     try:
-        check_reason(reason, "why the run is launched")
+        reason = check_reason(reason, "why the run is launched")
         if request_id is not None:
             check_request_id(request_id)
     except ValueError as exc:

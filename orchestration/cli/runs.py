@@ -398,7 +398,7 @@ def retry_cmd(
     entry_no = parse_entry_id(entry_id)
     name = _operator(operator)
     try:
-        check_reason(reason, "why the entry is retried")
+        reason = check_reason(reason, "why the entry is retried")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     settings = local_settings()

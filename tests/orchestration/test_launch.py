@@ -212,3 +212,24 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
     entry = ledger.get(failed.id)
     assert entry is not None and entry.status == t.STATUS_QUEUED  # its run can claim it
     assert ledger.claim(entry.id, submitted[0], lease_ttl=timedelta(minutes=5)).claimed
+
+
+def test_the_operator_and_reason_are_recorded_stripped(tmp_path: Path) -> None:
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.migrate()
+    tags: list[dict[str, str]] = []
+    with dg.instance_for_test() as instance:
+        result = launch_manual(
+            TASKS,
+            "order_cleanup",
+            operator="  alice ",
+            reason=" checked \n",
+            request_id="r",
+            instance=instance,
+            ledger=ledger,
+            hooks=Hooks.from_environment(),
+            submit=lambda job, run_id, given: tags.append(given) or run_id,
+        )
+    entry = ledger.get(result.entry_id)
+    assert entry is not None and (entry.operator, entry.reason) == ("alice", "checked")
+    assert (tags[0][t.TAG_OPERATOR], tags[0][t.TAG_REASON]) == ("alice", "checked")
