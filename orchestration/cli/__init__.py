@@ -26,7 +26,21 @@ from orchestration.cli.support import (
 from resources.core.settings import load_settings, mask_url
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group; a usage error (a bad option value, an unknown option) under
+    ``--json`` also prints ``{"error": message}`` on stdout, like every other error."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if "--json" in rest:
+                print_json({"error": exc.format_message()})
+            raise
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """dueledger: exactly once per due time, auditably — on Dagster."""
 

@@ -148,3 +148,18 @@ def test_sample_data_replace_on_a_server_database_needs_its_name(monkeypatch, po
         "sample-data", "--services", "7", "--replace", "--confirm-database", name, "--json"
     )
     assert code == 0 and json.loads(out)["services"] == 7
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["sample-data", "--seed", "abc", "--json"], "'abc' is not a valid integer"),
+        (["runs", "show", "--json"], "Missing argument"),
+        (["sample-data", "--services", "0", "--json"], "--services"),
+        (["summary", "--no-such-option", "--json"], "No such option"),
+    ],
+)
+def test_usage_errors_under_json_print_a_json_error_with_exit_2(args, expected):
+    code, out = invoke(*args)
+    assert code == 2
+    assert expected in json.loads(out)["error"]
