@@ -263,7 +263,14 @@ def _create_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> Engine:
     database = url.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         # The default ledger lives under DAGSTER_HOME, which may not exist yet.
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. a path component is a regular file
+            raise LedgerError(
+                f"cannot create the folder of the SQLite ledger {mask_url(str(url))}: "
+                f"{exc.strerror or exc} ({exc.filename}); set {ENV_DATABASE_URL} to a path "
+                f"under a folder you can write, e.g. sqlite:////var/lib/dueledger/ledger.sqlite"
+            ) from None
     engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @sa.event.listens_for(engine, "connect")

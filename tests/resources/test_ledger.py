@@ -847,6 +847,19 @@ def test_unreachable_postgres_is_a_ledger_error_with_the_fix() -> None:
     assert "DUELEDGER_DATABASE_URL" in message
 
 
+def test_a_sqlite_ledger_under_a_regular_file_is_a_ledger_error_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file, not a folder")
+    url = f"sqlite:///{blocker / 'ledger.sqlite'}"
+    with pytest.raises(LedgerError) as info:
+        RunLedger(database_url=url).migrate()
+    message = str(info.value)
+    assert url in message and "DUELEDGER_DATABASE_URL" in message
+    assert blocker.read_text() == "a file, not a folder"
+
+
 def test_a_dropped_connection_is_a_ledger_error_then_the_ledger_recovers(
     postgres_url: str,
 ) -> None:
