@@ -8,12 +8,14 @@ printed as ``{"error": message}`` on stdout as well.
 from __future__ import annotations
 
 import click
+from sqlalchemy.engine import make_url
 
 from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group, summary_cmd
 from orchestration.cli.support import (
     Refused,
+    dagster_instance,
     handle_errors,
     json_option,
     local_settings,
@@ -96,8 +98,6 @@ def launch_cmd(
     task: str, operator: str, reason: str, request_id: str | None, as_json: bool
 ) -> None:
     """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
-    import dagster as dg
-
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import load_operators, require_role
     from orchestration.hooks import Hooks
@@ -117,7 +117,7 @@ def launch_cmd(
         operator=operator,
         reason=reason,
         request_id=request_id,
-        instance=dg.DagsterInstance.get(),
+        instance=dagster_instance(),
         ledger=ledger,
         # This process's plugin listeners, loaded for this one launch.
         hooks=Hooks.from_environment(),
@@ -159,8 +159,6 @@ def sample_data_cmd(
 ) -> None:
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
-    from sqlalchemy.engine import make_url
-
     from resources.sample_data import generate_sample_data
     from resources.source_store import make_engine
 

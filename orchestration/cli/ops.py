@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import click
 
 from orchestration.cli.support import (
+    dagster_instance,
     handle_errors,
     json_option,
     local_settings,
@@ -83,7 +84,6 @@ def _max_age(text: str) -> timedelta:
 @handle_errors
 def liveness_cmd(max_age_seconds: str, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
-    import dagster as dg
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
@@ -95,7 +95,7 @@ def liveness_cmd(max_age_seconds: str, as_json: bool) -> None:
         # Cadence warnings belong to `dueledger tasks`; a probe's stderr names staleness only.
         warnings.simplefilter("ignore", UserWarning)
         views = task_views(settings)
-    with dg.DagsterInstance.get() as instance:
+    with dagster_instance() as instance:
         report = check_liveness(instance, views, datetime.now(UTC), max_age)
     if as_json:
         print_json(report.as_json())

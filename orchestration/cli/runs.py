@@ -18,6 +18,7 @@ from typing import Any, Final
 import click
 
 from orchestration.cli.support import (
+    dagster_instance,
     handle_errors,
     json_option,
     local_settings,
@@ -201,7 +202,7 @@ def attempts_with_dagster_status(run_ids: Sequence[str]) -> list[dict[str, Any]]
     if not run_ids:
         return []
     try:
-        instance = dg.DagsterInstance.get()
+        instance = dagster_instance()
     except Exception as exc:  # no instance here: still show the ledger's side
         return [
             {
@@ -388,7 +389,6 @@ def retry_cmd(
     entry_id: str, operator: str, reason: str, acknowledge_side_effects: bool, as_json: bool
 ) -> None:
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
-    import dagster as dg
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.retry import LAUNCH_REEXECUTION, retry_entry
@@ -404,7 +404,7 @@ def retry_cmd(
     settings = local_settings()
     ledger = open_ledger(settings)
     operators = load_operators()
-    with dg.DagsterInstance.get() as instance:
+    with dagster_instance() as instance:
         result = retry_entry(
             ledger,
             entry_no,
@@ -437,7 +437,6 @@ def retry_cmd(
 @handle_errors
 def summary_cmd(operator: str | None, as_json: bool) -> None:
     """Ledger health: what runs now, what is stale, what happened in the last 24 hours."""
-    import dagster as dg
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
@@ -448,7 +447,7 @@ def summary_cmd(operator: str | None, as_json: bool) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # cadence warnings: see `tasks`
         views = task_views(load_settings())
-    with dg.DagsterInstance.get() as instance:
+    with dagster_instance() as instance:
         data = ledger_summary(ledger, views, datetime.now(UTC), instance=instance)
     if as_json:
         print_json(data)

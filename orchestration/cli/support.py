@@ -6,6 +6,7 @@ Exit codes (DESIGN): 0 ok, 2 invalid input, 3 refused by a rule with nothing cha
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -13,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -21,6 +23,8 @@ from resources.core.errors import InvalidInput, Refused
 from resources.core.settings import PROJECT_ROOT, Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
+    import dagster as dg
+
     from resources.ledger import RunLedger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,8 +85,33 @@ def local_settings() -> Settings:
     target = settings.dagster_home / "dagster.yaml"
     template = PROJECT_ROOT / "dagster.yaml.local"
     if not target.exists() and template.exists():
-        shutil.copyfile(template, target)
+        # Copied whole, then renamed: a concurrent command never reads half a file.
+        partial = target.with_name(f".dagster.yaml.{os.getpid()}")
+        shutil.copyfile(template, partial)
+        os.replace(partial, target)
     return settings
+
+
+def dagster_instance() -> dg.DagsterInstance:
+    """The Dagster instance of ``$DAGSTER_HOME``, its storage initialised under a file lock.
+
+    Dagster's SQLite storage creates its tables and Alembic stamp on first use; two
+    processes doing that at once (eight ``dueledger launch`` on a fresh home) leave two
+    Alembic heads and every later command fails. The first use is therefore serialised
+    with ``flock`` on a file in DAGSTER_HOME; after it, the lock costs one open.
+    """
+    # Imported when a command needs the instance, so the other commands do not load it.
+    import dagster as dg
+
+    home = Path(os.environ.get("DAGSTER_HOME") or load_settings().dagster_home)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".dueledger-instance.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        instance = dg.DagsterInstance.get()
+        instance.get_run_records(limit=1)  # run storage
+        instance.all_instigator_state()  # schedule storage
+        instance.fetch_run_status_changes(dg.DagsterEventType.RUN_SUCCESS, limit=1)  # events
+    return instance
 
 
 def open_ledger(settings: Settings) -> RunLedger:

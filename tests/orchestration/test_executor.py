@@ -25,7 +25,7 @@ def test_every_task_job_runs_its_step_in_process() -> None:
     from orchestration.tasks import TASKS
 
     for spec in TASKS:
-        job = defs.get_job_def(spec.job_name)
+        job = defs.resolve_job_def(spec.job_name)
         assert job.executor_def is dg.in_process_executor, spec.job_name
         assert len(job.nodes) == 1, f"{spec.job_name} has more than one step"
 
