@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from orchestration.hooks import CreationGate, Hooks, record
+from orchestration.operators import check_operator_name
 from orchestration.registry import TaskSpec, find_task, task_run_tags
 from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
 from resources.core import tags as t
@@ -79,10 +80,8 @@ def launch_manual(
     if spec is None:
         known = ", ".join(s.key for s in specs)
         raise InvalidInput(f"unknown task {task_key!r}; registered tasks: {known}")
-    if not operator.strip():
-        raise InvalidInput("--operator must name who launches the run")
-    operator = operator.strip()  # recorded as checked: " alice " is alice
     try:
+        operator = check_operator_name(operator)  # recorded as checked: " alice " is alice
         reason = check_reason(reason, "why the run is launched")
         if request_id is not None:
             check_request_id(request_id)

@@ -571,6 +571,8 @@ def test_an_overlong_reason_is_invalid_input_and_changes_nothing(cli: Cli) -> No
         "launch", TASK, "--operator", "alice", "--reason", "r", "--request-id", long_id, code=2
     )
     assert "--request-id is 300 characters; at most 200" in message
+    message = cli.error("launch", TASK, "--operator", "o" * 300, "--reason", "r", code=2)
+    assert "must be 1-200 characters" in message
     assert cli.ledger.children(parent.id) == []
     assert cli.ledger.audit_for(parent.id) == []
     assert count_rows(cli.url) == 1  # only the parent
