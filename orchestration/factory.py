@@ -86,14 +86,14 @@ def schedule_run_request(view: TaskView, scheduled_time) -> dg.RunRequest | dg.S
     tags = {
         t.TAG_TASK: view.spec.key,
         t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
-        t.TAG_DUE: decision.due_key,
+        t.TAG_DUE: decision.due.text,
     }
     partition_key = partition_key_for(view.spec, decision.due)
     if partition_key is not None:
         # The partition tag is set here too, so the request is complete without the
         # repository (build_schedule_context in tests) and the run shows its day in the UI.
         tags[t.DAGSTER_PARTITION] = partition_key
-    return dg.RunRequest(run_key=decision.due_key, tags=tags, partition_key=partition_key)
+    return dg.RunRequest(run_key=decision.due.text, tags=tags, partition_key=partition_key)
 
 
 def gate_run_request(

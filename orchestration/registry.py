@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from resources.core.due import Due
 from resources.core.slots import (
     Cadence,
     as_utc,
     cron_cadence,
     cron_effective_cadence,
     first_fire_in_slot,
-    floor_to_slot,
     format_due,
     is_valid_cron,
     slot_aligned_cron,
@@ -137,9 +137,13 @@ class SchedulePlan:
 class TickDecision:
     """What one schedule evaluation at a scheduled time decides."""
 
-    due: datetime
-    due_key: str
+    due: Due
     skip_reason: str | None = None
+
+    @property
+    def due_key(self) -> str:
+        """The due's text: the request's run key and its ``dueledger/due`` tag."""
+        return self.due.text
 
 
 @dataclass(frozen=True)
@@ -213,20 +217,19 @@ def schedule_plan(rule: Rule, slot_minutes: int, timezone: str) -> SchedulePlan:
 
 def decide_tick(plan: SchedulePlan, scheduled_time: datetime, slot_minutes: int) -> TickDecision:
     """Pure schedule evaluation: the due of a scheduled time, or why this tick is skipped."""
-    due = floor_to_slot(scheduled_time, slot_minutes)
-    key = format_due(due)
+    due = Due.of_slot(scheduled_time, slot_minutes)
+    key = due.text
     if not first_fire_in_slot(plan.cron, scheduled_time, slot_minutes, plan.timezone):
         return TickDecision(
             due,
-            key,
             f"tick at {format_due(scheduled_time)} is not the first of slot {key} "
             f"({slot_minutes}-minute slots): the slot's run was requested by an earlier tick",
         )
-    if plan.every_n_slots and slot_index(due, slot_minutes) % plan.every_n_slots:
+    if plan.every_n_slots and slot_index(due.at, slot_minutes) % plan.every_n_slots:
         return TickDecision(
-            due, key, f"slot {key} is not on this task's every-{plan.every_n_slots}-slots grid"
+            due, f"slot {key} is not on this task's every-{plan.every_n_slots}-slots grid"
         )
-    return TickDecision(due, key)
+    return TickDecision(due)
 
 
 def _cadences(rule: Rule, slot_minutes: int, timezone: str) -> tuple[Cadence, Cadence]:
@@ -343,13 +346,13 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
     return views
 
 
-def partition_key_for(spec: TaskSpec, due: datetime) -> str | None:
+def partition_key_for(spec: TaskSpec, due: Due | datetime) -> str | None:
     """The partition a scheduled run of ``spec`` at ``due`` targets (None: unpartitioned).
 
     Daily partitions are UTC days, like dues: ``2026-11-30T22:45:00Z`` -> ``2026-11-30``.
     """
     if spec.partitions == PARTITIONS_DAILY:
-        return as_utc(due).strftime("%Y-%m-%d")
+        return as_utc(due.at if isinstance(due, Due) else due).strftime("%Y-%m-%d")
     return None
 
 

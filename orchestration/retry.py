@@ -45,6 +45,7 @@ from orchestration.operators import (
 from orchestration.registry import TaskSpec, find_task, task_run_tags
 from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.core.errors import InvalidInput, Refused
 from resources.ledger import Entry, RunLedger, dedup_key_for_retry
 
@@ -344,7 +345,7 @@ def retry_run_tags(record: RetryRecord, spec: TaskSpec) -> dict[str, str]:
     }
     if record.parent.due is not None:
         # The retry computes "as of" the parent's due, like the parent did.
-        tags[t.TAG_DUE] = record.parent.due.strftime("%Y-%m-%dT%H:%M:%SZ")
+        tags[t.TAG_DUE] = format_due(record.parent.due)
     return tags
 
 

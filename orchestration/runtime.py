@@ -37,13 +37,12 @@ from orchestration.retry import (
 from orchestration.services.alerts import emit_alert
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.due import Due, floor_to_slot, format_due
 from resources.core.settings import load_settings
-from resources.core.slots import floor_to_slot, format_due, parse_due
 from resources.ledger import (
     Entry,
     RunLedger,
     dedup_key_for_backfill,
-    dedup_key_for_due,
     dedup_key_for_request,
     dedup_key_for_retry,
 )
@@ -56,7 +55,7 @@ class EntryRequest:
     task_key: str
     trigger: str
     dedup_key: str
-    due: datetime | None = None
+    due: Due | None = None
     operator: str | None = None
     reason: str | None = None
     parent_id: int | None = None
@@ -88,7 +87,7 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
             t.TRIGGER_MANUAL_RETRY,
             dedup_key_for_retry(parent),
             # The parent's due, when it had one: the retry computes as of the same instant.
-            due=parse_due(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
+            due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
             operator=operator,
             reason=reason,
             parent_id=parent,
@@ -98,11 +97,11 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
             task_key,
             t.TRIGGER_BACKFILL,
             dedup_key_for_backfill(tags[t.DAGSTER_BACKFILL], tags[t.DAGSTER_PARTITION]),
-            due=parse_due(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
+            due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
         )
     if trigger in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) and t.TAG_DUE in tags:
-        due = parse_due(tags[t.TAG_DUE])
-        return EntryRequest(task_key, trigger, dedup_key_for_due(due), due=due)
+        due = Due.parse(tags[t.TAG_DUE])
+        return EntryRequest(task_key, trigger, due.key, due=due)
     if trigger == t.TRIGGER_MANUAL and tags.get(t.TAG_REQUEST_ID):
         return EntryRequest(
             task_key,
@@ -228,7 +227,7 @@ def run_as_of(context: dg.AssetExecutionContext, request: EntryRequest) -> datet
     Never the wall clock at execution time, so a late or retried run sees the same world.
     """
     if request.due is not None:
-        return request.due
+        return request.due.at
     root_id = context.run.tags.get(t.DAGSTER_ROOT_RUN_ID) or context.run.run_id
     record = context.instance.get_run_record_by_id(root_id)
     if record is not None and record.create_timestamp is not None:
@@ -288,7 +287,7 @@ def _apply_ui_reexecution_rule(
             child.task_key,
             t.TRIGGER_MANUAL_RETRY,
             child.dedup_key,
-            due=child.due,
+            due=Due.coerce(child.due) if child.due is not None else None,
             operator=child.operator,
             reason=child.reason,
             parent_id=child.parent_id,

@@ -16,17 +16,18 @@ from orchestration.registry import CATCH_UP, TaskView, partition_key_for
 from orchestration.services.alerts import Clock
 from orchestration.services.audit import MAX_CATCH_UP_PER_TICK, audit_task
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import Due
 from resources.ledger import RunLedger
 
 
-def due_run_request(view: TaskView, due: datetime, run_key: str) -> dg.RunRequest:
+def due_run_request(view: TaskView, due: Due | datetime, run_key: str) -> dg.RunRequest:
     """A sensor's request for the task's run of ``due``: tagged like the scheduled run
     (same ledger key ``due:<due>``, same partition) but ``dueledger/trigger=sensor``."""
+    due = Due.coerce(due)
     tags = {
         t.TAG_TASK: view.spec.key,
         t.TAG_TRIGGER: t.TRIGGER_SENSOR,
-        t.TAG_DUE: format_due(due),
+        t.TAG_DUE: due.text,
     }
     partition_key = partition_key_for(view.spec, due)
     if partition_key is not None:
@@ -38,8 +39,8 @@ def catch_up_run_requests(view: TaskView, missed: Sequence[datetime]) -> list[dg
     """One RunRequest per missed due, oldest first, run_key = the due (at most
     MAX_CATCH_UP_PER_TICK; the next evaluation continues)."""
     return [
-        due_run_request(view, due, format_due(due))
-        for due in sorted(missed)[:MAX_CATCH_UP_PER_TICK]
+        due_run_request(view, due, due.text)
+        for due in sorted(Due.coerce(d) for d in missed)[:MAX_CATCH_UP_PER_TICK]
     ]
 
 

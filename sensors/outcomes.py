@@ -43,6 +43,7 @@ from orchestration.registry import TaskView, task_keys_of_run
 from orchestration.runtime import entry_request_from_tags, run_timed_out
 from orchestration.services.alerts import utc_now
 from resources.core import tags as t
+from resources.core.due import Due
 from resources.core.slots import floor_to_slot, format_due
 from resources.ledger import (
     DEFAULT_MAX_ATTEMPTS,
@@ -504,9 +505,9 @@ class RedispatchPlan:
     reason: str
 
 
-def redispatch_run_key(due: datetime, number: int) -> str:
+def redispatch_run_key(due: Due | datetime, number: int) -> str:
     """``<due>#redispatch-<n>``: unique per (due, n), so never blocked by an older key."""
-    return f"{format_due(due)}#redispatch-{number}"
+    return Due.coerce(due).redispatch_run_key(number)
 
 
 def plan_redispatch(

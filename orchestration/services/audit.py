@@ -45,9 +45,10 @@ def expected_dues(view: TaskView, start: datetime, end: datetime) -> list[dateti
     dues: list[datetime] = []
     for fire in cron_fire_times(view.plan.cron, view.plan.timezone, start, end + slot):
         decision = decide_tick(view.plan, fire, view.slot_minutes)
-        kept = decision.skip_reason is None and start <= decision.due < end
-        if kept and (not dues or dues[-1] != decision.due):
-            dues.append(decision.due)
+        due = decision.due.at
+        kept = decision.skip_reason is None and start <= due < end
+        if kept and (not dues or dues[-1] != due):
+            dues.append(due)
     return dues
 
 

@@ -10,10 +10,9 @@ from datetime import datetime
 from typing import Final
 
 from resources.core import tags
-from resources.core.checks import require_aware, require_text
-from resources.core.slots import format_due
+from resources.core.checks import require_text
+from resources.core.due import ORIGIN_DUE, Due
 
-ORIGIN_DUE: Final = "due"
 ORIGIN_MANUAL: Final = "manual"
 ORIGIN_RETRY: Final = "retry"
 ORIGIN_BACKFILL: Final = "backfill"
@@ -49,21 +48,13 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_LIST_LIMIT: Final = 50
 
 
-def dedup_key_for_due(due: datetime) -> str:
+def dedup_key_for_due(due: Due | datetime) -> str:
     """Dedup key of a scheduled/sensor run: ``due:<YYYY-MM-DDTHH:MM:SSZ>``.
 
-    Stricter than the due formatter it uses, because a wrong due is a wrong key: a naive
-    datetime is refused instead of being taken as UTC, and so is a value with seconds or
-    microseconds (due times are slot-aligned instants, never "now": such a value almost
-    certainly came from a wall clock).
+    A datetime is checked as :class:`Due` checks it: a naive one is refused instead of being
+    taken as UTC, and so is one with seconds or microseconds (a wrong due is a wrong key).
     """
-    require_aware(due, "due")
-    if due.second or due.microsecond:
-        raise ValueError(
-            f"due {due.isoformat()} is not slot-aligned (it has seconds); a due is the slot's "
-            f"start time, never the current time"
-        )
-    return f"{ORIGIN_DUE}:{format_due(due)}"
+    return Due.coerce(due).key
 
 
 def dedup_key_for_request(request_id: str) -> str:

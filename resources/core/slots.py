@@ -1,4 +1,4 @@
-"""Pure time helpers: slot flooring, due strings, rule matching and cadence.
+"""Pure time helpers: slot numbering, rule matching and cadence (the due itself: due.py).
 
 No Dagster import and no wall clock here: every function takes the instant it reasons
 about, so schedules, sensors, the CLI and the tests all agree on the same arithmetic.
@@ -13,43 +13,30 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-DUE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+# The due's conversions live in due.py; they are re-exported for the slot arithmetic's callers.
+from resources.core.due import DUE_FORMAT, as_utc, floor_to_slot, format_due, parse_due
 
-
-def as_utc(instant: datetime) -> datetime:
-    """Return the same instant in UTC; naive datetimes are taken to be UTC already."""
-    if instant.tzinfo is None:
-        return instant.replace(tzinfo=UTC)
-    return instant.astimezone(UTC)
-
-
-def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
-    """The start of the slot that contains ``instant`` (UTC, slots counted from the epoch).
-
-    Because the slot length divides a day, slots also start at every UTC midnight.
-    """
-    utc = as_utc(instant)
-    slot_seconds = slot_minutes * 60
-    epoch_seconds = int(utc.timestamp())
-    return datetime.fromtimestamp(epoch_seconds - epoch_seconds % slot_seconds, tz=UTC)
+__all__ = [
+    "DUE_FORMAT",
+    "Cadence",
+    "as_utc",
+    "cadence_label",
+    "cron_cadence",
+    "cron_effective_cadence",
+    "cron_fire_times",
+    "first_fire_in_slot",
+    "floor_to_slot",
+    "format_due",
+    "is_valid_cron",
+    "parse_due",
+    "slot_aligned_cron",
+    "slot_index",
+]
 
 
 def slot_index(due: datetime, slot_minutes: int) -> int:
     """Number of whole slots between the epoch and ``due``."""
     return int(as_utc(due).timestamp()) // (slot_minutes * 60)
-
-
-def format_due(due: datetime) -> str:
-    """The due string used as run_key, tag and dedup key: ``YYYY-MM-DDTHH:MM:SSZ``."""
-    return as_utc(due).strftime(DUE_FORMAT)
-
-
-def parse_due(text: str) -> datetime:
-    """Inverse of :func:`format_due`; raises ValueError naming the text when malformed."""
-    try:
-        return datetime.strptime(text, DUE_FORMAT).replace(tzinfo=UTC)
-    except ValueError:
-        raise ValueError(f"due {text!r} is not of the form YYYY-MM-DDTHH:MM:SSZ") from None
 
 
 def is_valid_cron(expression: str) -> bool:

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import tags
-from resources.core.checks import require_aware, require_text
+from resources.core.checks import require_text
+from resources.core.due import Due, format_due
 from resources.core.entries import (
     CLAIMABLE_STATUSES,
     DEFAULT_MAX_ATTEMPTS,
@@ -34,7 +35,6 @@ from resources.core.entries import (
     SUMMARY_HOOKS,
     origin_of,
 )
-from resources.core.slots import format_due, parse_due
 from resources.ledger.model import (
     ClaimResult,
     Entry,
@@ -66,7 +66,7 @@ class LedgerTransitions(LedgerStore):
         task_key: str,
         trigger: str,
         dedup_key: str,
-        due: datetime | None = None,
+        due: Due | datetime | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         operator: str | None = None,
         reason: str | None = None,
@@ -86,18 +86,17 @@ class LedgerTransitions(LedgerStore):
             raise ValueError(f"trigger {trigger!r} is not one of {', '.join(tags.TRIGGERS)}")
         origin = origin_of(dedup_key)
         if origin == ORIGIN_DUE:
-            # The caller's due is checked against its key by formatting it the one way a
-            # key is written; only a caller without a due has it read back from the key.
-            if due is None:
-                due = parse_due(dedup_key.removeprefix(f"{ORIGIN_DUE}:"))
-            elif (
-                f"{ORIGIN_DUE}:{format_due(require_aware(due, 'due'))}" != dedup_key
-                or due.microsecond
-            ):
+            # The key's due and the caller's are compared as Due values: one parser, and a
+            # naive or unaligned due is refused by Due itself.
+            keyed = Due.from_key(dedup_key)
+            if due is not None and Due.coerce(due) != keyed:
                 raise ValueError(
-                    f"due {format_due(due)} does not match dedup_key {dedup_key!r}; "
-                    f"build the key with dedup_key_for_due(due)"
+                    f"due {format_due(Due.coerce(due).at)} does not match dedup_key "
+                    f"{dedup_key!r}; build the key with dedup_key_for_due(due)"
                 )
+            due = keyed
+        if isinstance(due, Due):
+            due = due.at
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if parent_id is not None:
