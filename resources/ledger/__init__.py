@@ -53,6 +53,7 @@ from resources.core.entries import (
     dedup_key_for_retry,
     origin_of,
 )
+from resources.core.rules import format_duration
 from resources.ledger.engine import mask_url
 from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
@@ -60,7 +61,6 @@ from resources.ledger.model import (
     Entry,
     LedgerError,
     UnknownEntryError,
-    format_duration,
     truncate_error,
 )
 from resources.ledger.resource import RunLedger

@@ -17,14 +17,16 @@ from typing import Any
 
 from resources.core import tags
 from resources.core.checks import require_aware, require_text
+from resources.core.due import format_due
 from resources.core.entries import (
-    CLAIMABLE_STATUSES,
     MAX_ERROR_CHARS,
     MAX_RUN_ID_CHARS,
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_KEYS,
 )
-from resources.core.slots import format_due
+
+# The wording of refusals lives with the rules that refuse (pure, in the core).
+from resources.core.rules import stamp as iso
 
 
 class LedgerError(RuntimeError):
@@ -47,18 +49,6 @@ def truncate_error(error: str) -> str:
     return text[: MAX_ERROR_CHARS - len(marker)] + marker
 
 
-def format_duration(delta: timedelta) -> str:
-    """A short human duration such as ``2h 05m 13s`` (negative values read as ``0s``)."""
-    total = max(0, int(delta.total_seconds()))
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m {seconds:02d}s"
-    if minutes:
-        return f"{minutes}m {seconds:02d}s"
-    return f"{seconds}s"
-
-
 def to_db(dt: datetime | None, name: str) -> datetime | None:
     """Aware datetime -> naive UTC for storage."""
     if dt is None:
@@ -66,16 +56,22 @@ def to_db(dt: datetime | None, name: str) -> datetime | None:
     return require_aware(dt, name).astimezone(UTC).replace(tzinfo=None)
 
 
+def db_values(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A rule's changes (resources/core/rules.py) as column values: aware times become
+    naive UTC, tuples (``run_ids``) lists."""
+    values: dict[str, Any] = {}
+    for name, value in changes.items():
+        if isinstance(value, datetime):
+            value = to_db(value, name)
+        elif isinstance(value, tuple):
+            value = list(value)
+        values[name] = value
+    return values
+
+
 def from_db(dt: datetime | None) -> datetime | None:
     """Stored naive UTC -> aware UTC."""
     return None if dt is None else dt.replace(tzinfo=UTC)
-
-
-def iso(dt: datetime | None) -> str | None:
-    """ISO-8601 UTC with a trailing Z, microsecond precision."""
-    if dt is None:
-        return None
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def with_summary_lists(raw: object) -> dict[str, Any]:
@@ -219,41 +215,6 @@ class ClaimResult:
     claimed: bool
     entry: Entry
     reason: str | None
-
-
-def who(entry: Entry) -> str:
-    return f"entry {entry.id} {entry.label}"
-
-
-def state_words(entry: Entry) -> str:
-    """The entry's state in words, for rejection reasons."""
-    if entry.status == tags.STATUS_RUNNING:
-        return f"running under run {entry.lease_owner} (lease until {iso(entry.lease_expires_at)})"
-    if entry.status == tags.STATUS_FAILED and entry.failure_kind:
-        return f"failed ({entry.failure_kind})"
-    return entry.status
-
-
-def claim_refusal(entry: Entry) -> str:
-    """Why ``entry`` cannot be claimed, as one sentence."""
-    subject = who(entry)
-    if entry.status == tags.STATUS_SUCCESS:
-        return f"{subject} is already success: duplicate run, nothing done"
-    if entry.status == tags.STATUS_FAILED:
-        return (
-            f"{subject} is already {state_words(entry)}: late run, nothing done; another "
-            f"attempt needs a manual retry (dueledger runs retry {entry.id})"
-        )
-    if entry.status == tags.STATUS_RUNNING:
-        return f"{subject} is already {state_words(entry)}: duplicate run, nothing done"
-    if entry.status == tags.STATUS_DISPATCH_FAILED:
-        return f"{subject} is dispatch_failed: it must be re-dispatched before a run may claim it"
-    if entry.status in CLAIMABLE_STATUSES:
-        return (
-            f"{subject} is {entry.status} but its attempts are exhausted "
-            f"({entry.attempt} of {entry.max_attempts} used): nothing done"
-        )
-    return f"{subject} has unknown status {entry.status!r}: nothing done"
 
 
 # --- validation and cursors --------------------------------------------------------------------

@@ -20,13 +20,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import tags
+from resources.core import rules, tags
 from resources.core.checks import require_text
 from resources.core.due import Due, format_due
 from resources.core.entries import (
-    CLAIMABLE_STATUSES,
     DEFAULT_MAX_ATTEMPTS,
-    DISPATCHABLE_STATUSES,
     MAX_DISPATCH_FAILURES,
     MAX_HOOK_RESULTS,
     ORIGIN_DUE,
@@ -35,6 +33,7 @@ from resources.core.entries import (
     SUMMARY_HOOKS,
     origin_of,
 )
+from resources.core.rules import claim_refusal, who
 from resources.ledger.model import (
     ClaimResult,
     Entry,
@@ -42,14 +41,11 @@ from resources.ledger.model import (
     check_id,
     check_run_id,
     check_ttl,
-    claim_refusal,
+    db_values,
     entry_from_row,
-    format_duration,
     iso,
-    state_words,
     to_db,
     truncate_error,
-    who,
     with_summary_lists,
 )
 from resources.ledger.schema import audit, entries
@@ -166,13 +162,14 @@ class LedgerTransitions(LedgerStore):
         # Slow path: decide again while holding the row, so the answer and the record agree.
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            if entry.status == tags.STATUS_RUNNING and entry.lease_owner == run_id:
+            decision = rules.claim(entry, run_id, now=at, lease_ttl=ttl)
+            if decision.allowed and not decision.changes:  # re-entrant: the owner again
                 return ClaimResult(claimed=True, entry=entry, reason=None)
-            if entry.status in CLAIMABLE_STATUSES and entry.attempt < entry.max_attempts:
+            if decision.allowed:
                 # It became claimable since the first UPDATE (e.g. a failure -> retrying).
                 row = conn.execute(self._rt().sql.claim, params).mappings().one()
                 return ClaimResult(claimed=True, entry=entry_from_row(row), reason=None)
-            reason = claim_refusal(entry)
+            reason = decision.refusal or claim_refusal(entry)
             entry = self._record_rejection(conn, entry, run_id, at, "claim", reason)
         return ClaimResult(claimed=False, entry=entry, reason=reason)
 
@@ -209,8 +206,11 @@ class LedgerTransitions(LedgerStore):
             return True
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            reason = f"late completion from run {run_id}: {who(entry)} is {state_words(entry)}"
-            self._record_rejection(conn, entry, run_id, at, "succeed", f"{reason}; nothing changed")
+            reason = rules.succeed(entry, run_id, now=at).refusal or (
+                f"late completion from run {run_id}: {who(entry)} changed meanwhile; "
+                f"nothing changed"
+            )
+            self._record_rejection(conn, entry, run_id, at, "succeed", reason)
         return False
 
     def fail(
@@ -256,10 +256,9 @@ class LedgerTransitions(LedgerStore):
             return entry_from_row(row)
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            first_line = text.strip().splitlines()[0][:200] if text.strip() else ""
-            reason = (
-                f"late failure report from run {run_id} ({kind}: {first_line}): "
-                f"{who(entry)} is {state_words(entry)}; nothing changed"
+            reason = rules.fail(entry, run_id, kind=kind, error=text, now=at).refusal or (
+                f"late failure report from run {run_id} ({kind}): {who(entry)} changed "
+                f"meanwhile; nothing changed"
             )
             return self._record_rejection(conn, entry, run_id, at, "fail", reason)
 
@@ -296,7 +295,8 @@ class LedgerTransitions(LedgerStore):
         at = self._now(now)
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            if entry.status not in DISPATCHABLE_STATUSES:
+            decision = rules.dispatch_failure(entry, error=text, now=at)
+            if not decision.allowed:
                 return entry
             item = {"at": iso(at), "error": text, "run_id": run_id}
             summary = appended(
@@ -306,13 +306,7 @@ class LedgerTransitions(LedgerStore):
                 conn.execute(
                     sa.update(entries)
                     .where(entries.c.id == entry.id)
-                    .values(
-                        status=tags.STATUS_DISPATCH_FAILED,
-                        failure_kind=tags.FAILURE_DISPATCH,
-                        error=text,
-                        summary=summary,
-                        updated_at=to_db(at, "now"),
-                    )
+                    .values(**db_values(decision.changes), summary=summary)
                     .returning(*entries.c)
                 )
                 .mappings()
@@ -331,7 +325,8 @@ class LedgerTransitions(LedgerStore):
             sa.update(entries)
             .where(
                 entries.c.id == check_id(entry_id, "entry_id"),
-                entries.c.status == tags.STATUS_DISPATCH_FAILED,
+                # rules.redispatch, as one blind compare-and-set (no read first):
+                entries.c.status.in_(rules.REDISPATCH_FROM),
                 entries.c.manual_retry_at.is_(None),
             )
             .values(status=tags.STATUS_QUEUED, attempt=0, updated_at=to_db(at, "now"))
@@ -367,34 +362,20 @@ class LedgerTransitions(LedgerStore):
                 return candidates
             reclaimed = []
             for entry in candidates:
-                expired_at = entry.lease_expires_at
-                assert expired_at is not None  # selected by lease_expires_at < now
-                heartbeat = iso(entry.heartbeat_at) or "never"
-                message = (
-                    f"lease of run {entry.lease_owner} expired at {iso(expired_at)}, "
-                    f"{format_duration(at - expired_at)} overdue (last heartbeat {heartbeat}); "
-                    f"reclaimed at {iso(at)}. Not re-run automatically: the run may have had "
-                    f"side effects. Check run {entry.lease_owner} in Dagster; to run it again "
-                    f"use `dueledger runs retry {entry.id} --acknowledge-side-effects`"
-                )
+                decision = rules.reclaim(entry, now=at)
+                if not decision.allowed:  # selected by the same condition: cannot happen
+                    continue
+                changes = dict(decision.changes, error=truncate_error(decision.changes["error"]))
                 row = (
                     conn.execute(
                         sa.update(entries)
                         .where(
                             entries.c.id == entry.id,
-                            entries.c.status == tags.STATUS_RUNNING,
+                            entries.c.status.in_(rules.RECLAIM_FROM),
                             entries.c.lease_owner == entry.lease_owner,
                             entries.c.lease_expires_at < stamp,
                         )
-                        .values(
-                            status=tags.STATUS_FAILED,
-                            failure_kind=tags.FAILURE_LEASE_RECLAIMED,
-                            error=truncate_error(message),
-                            lease_owner=None,
-                            lease_expires_at=None,
-                            finished_at=stamp,
-                            updated_at=stamp,
-                        )
+                        .values(**db_values(changes))
                         .returning(*entries.c)
                     )
                     .mappings()
@@ -499,38 +480,22 @@ class LedgerTransitions(LedgerStore):
     ) -> Entry | None:
         """Dagster ended ``run_id`` and will not retry it: its entry becomes ``failed``.
 
-        Added for issue 4 (sensors/outcomes.py, the outcome reconciler). Two cases, decided
-        under the row lock: ``running`` with ``run_id`` as lease owner (the run died without
-        recording its outcome; ``kind``/``error`` are set even with attempts left, because no
-        retry run will come to use them), and ``retrying`` whose latest run is ``run_id``
-        (the retry it waits for will never be launched; the run's own error and kind are
-        kept). Anything else — terminal, another run's lease, a run that never claimed — is
-        left untouched and None is returned. Returns the entry after the change.
+        Used by the outcome reconciler (sensors/outcomes.py); the rule, decided under the row
+        lock, is ``rules.settle_unretried``. Anything it refuses is left untouched and None is
+        returned. Returns the entry after the change.
         """
         check_run_id(run_id)
         if kind not in RUN_FAILURE_KINDS:
             raise ValueError(f"failure kind {kind!r} is not one of {', '.join(RUN_FAILURE_KINDS)}")
         at = self._now(now)
-        stamp = to_db(at, "now")
         with self._connect("write") as conn:
             entry = self._load(conn, check_id(entry_id, "entry_id"), lock=True)
-            owned = entry.status == tags.STATUS_RUNNING and entry.lease_owner == run_id
-            waiting = (
-                entry.status == tags.STATUS_RETRYING
-                and bool(entry.run_ids)
-                and entry.run_ids[-1] == run_id
+            decision = rules.settle_unretried(
+                entry, run_id, kind=kind, error=truncate_error(error), now=at
             )
-            if not (owned or waiting):
+            if not decision.allowed:
                 return None
-            values: dict[str, Any] = {
-                "status": tags.STATUS_FAILED,
-                "lease_owner": None,
-                "lease_expires_at": None,
-                "finished_at": stamp,
-                "updated_at": stamp,
-            }
-            if owned or not entry.error:
-                values.update(failure_kind=kind, error=truncate_error(error))
+            values = db_values(decision.changes)
             row = (
                 conn.execute(
                     sa.update(entries)

@@ -8,8 +8,11 @@ reclaims and clock ticks by three fake run ids, and checks after every step
   (except the documented reset by re-dispatch) and never exceeds max_attempts; run ids are
   only appended; only a running entry has a lease, held by its latest run; summaries stay
   bounded;
-- and that every answer and resulting state equals a small reference model of the rules
-  (DESIGN.md, "Ledger rules"), so no interleaving reaches a state the rules do not allow.
+- that every answer and resulting state equals a small reference model of the rules
+  (DESIGN.md, "Ledger rules"), so no interleaving reaches a state the rules do not allow;
+- and that the core's pure rules (resources/core/rules.py), asked about the entry as it was
+  before the step, predict the store's answer and every column it wrote: the rules the
+  docs point to are the rules the SQL enforces.
 
 Examples share one migrated database (a fresh entry each), which keeps them fast.
 """
@@ -26,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.core import tags
+from resources.core import rules, tags
 from resources.ledger import (
     MAX_DISPATCH_FAILURES,
     MAX_LATE_JOB_REJECTIONS,
@@ -167,6 +170,42 @@ def perform(ledger: RunLedger, entry: Entry, op: tuple[Any, ...], now: datetime)
     return None
 
 
+def decide(before: Entry, op: tuple[Any, ...], now: datetime) -> rules.Decision | None:
+    """The pure rule's decision for ``op`` on ``before`` (None: no rule, e.g. reject)."""
+    name = op[0]
+    if name == "claim":
+        return rules.claim(before, op[1], now=now, lease_ttl=TTL)
+    if name == "heartbeat":
+        return rules.heartbeat(before, op[1], now=now, lease_ttl=TTL)
+    if name == "succeed":
+        return rules.succeed(before, op[1], now=now)
+    if name == "fail":
+        return rules.fail(before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now)
+    if name == "settle":
+        return rules.settle_unretried(before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now)
+    if name in ("reclaim", "reclaim_dry_run"):
+        return rules.reclaim(before, now=now)
+    if name == "dispatch_failure":
+        return rules.dispatch_failure(before, error="launcher down", now=now)
+    if name == "redispatch":
+        return rules.redispatch(before, now=now)
+    return None
+
+
+def check_rule_agrees(
+    op: tuple[Any, ...], before: Entry, after: Entry, answer: Any, now: datetime
+) -> None:
+    decision = decide(before, op, now)
+    if decision is None:
+        return
+    assert decision.allowed == answer, (op, before.status, decision.refusal)
+    if not decision.allowed or op[0] == "reclaim_dry_run":
+        return
+    written = {name: getattr(after, name) for name in decision.changes}
+    expected = {k: tuple(v) if isinstance(v, tuple) else v for k, v in decision.changes.items()}
+    assert written == expected, op
+
+
 def terminal_state(entry: Entry) -> tuple[Any, ...]:
     return (
         entry.status,
@@ -218,6 +257,7 @@ def run_scenario(ledger: RunLedger, max_attempts: int, ops: list[tuple[Any, ...]
         after = ledger.get(entry.id)
         assert after is not None
         assert answer == expected, (op, before.status, after.status)
+        check_rule_agrees(op, before, after, answer, now)
         assert (after.status, after.attempt, after.lease_owner, after.lease_expires_at) == (
             model.status,
             model.attempt,
