@@ -124,16 +124,19 @@ def launch_manual(
             )
         try:
             submit(spec.job_name, run_id, dict(gate.tags))
+            was_existing = False
         except LaunchFailed as exc:
-            # A concurrent launch of the same request may have won the run id.
+            # A concurrent launch of the same request may have won the run id: then this
+            # call found the request existing, like a launch that came after it.
             if instance.get_run_by_id(run_id) is None:
                 ledger.record_dispatch_failure(entry.id, error=str(exc), run_id=run_id)
                 raise
-        announced = hooks.announce_creation(gate, entry_id=entry.id, run_id=run_id)
-        if announced.after is not None:
-            record(ledger, entry.id, announced.after.records())
+            was_existing = True
+        if not was_existing:
+            announced = hooks.announce_creation(gate, entry_id=entry.id, run_id=run_id)
+            if announced.after is not None:
+                record(ledger, entry.id, announced.after.records())
         run = instance.get_run_by_id(run_id)
-        was_existing = False
     else:
         run, was_existing = existing, True
     status = run.status.value if run is not None else "UNKNOWN"

@@ -47,6 +47,10 @@ def test_racing_launches_on_a_fresh_home_make_one_run(tmp_path: Path) -> None:
         assert code == 0, (out, err[-2000:])
     run_id = manual_run_id("order_cleanup", "same")
     assert {json.loads(out)["run_id"] for _, out, _ in results} == {run_id}
+    # The one racer whose submit created the run launched it; the others found it existing.
+    assert sorted(json.loads(out)["existing"] for _, out, _ in results) == [False] + [True] * (
+        RACERS - 1
+    )
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(home))
