@@ -239,6 +239,10 @@ def check_ttl(lease_ttl: object) -> timedelta:
     return lease_ttl
 
 
+#: The largest entry id (the ``id`` column is a signed 64-bit BIGINT).
+MAX_ENTRY_ID = 2**63 - 1
+
+
 def encode_cursor(entry: Entry) -> str:
     raw = f"{iso(entry.created_at)}|{entry.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -249,6 +253,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
         padded = cursor + "=" * (-len(cursor) % 4)
         created_text, id_text = base64.urlsafe_b64decode(padded).decode().split("|")
         created = datetime.strptime(created_text, "%Y-%m-%dT%H:%M:%S.%fZ")
-        return created, int(id_text)
+        entry_id = int(id_text)
+        # Entry ids are BIGINT: a larger one is not from a page (PostgreSQL would refuse it).
+        if not 0 <= entry_id <= MAX_ENTRY_ID:
+            raise ValueError(entry_id)
+        return created, entry_id
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ValueError(f"cursor {cursor!r} is not a cursor returned by a previous page") from None

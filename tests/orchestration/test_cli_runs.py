@@ -4,6 +4,7 @@ pagination, roles — through click's CliRunner on real SQLite and PostgreSQL le
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -283,6 +284,11 @@ def _probe() -> int:
 # --- exit codes and validation ------------------------------------------------------------------
 
 
+def _cursor(raw: str) -> str:
+    """A cursor as the ledger encodes one, around any text (to tamper with it)."""
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -299,6 +305,9 @@ def _probe() -> int:
         (["--limit", "ten"], "from 1 to 500"),
         (["--cursor", "!!"], "is not a cursor returned by a previous page"),
         (["--cursor", "bm90LWEtY3Vyc29y"], "is not a cursor returned by a previous page"),
+        # Well-formed but tampered: an id beyond BIGINT (PostgreSQL refused it with a traceback).
+        (["--cursor", _cursor("2026-12-01T00:00:00.000000Z|99999999999999999999")], "a previous"),
+        (["--cursor", _cursor("2026-12-01T00:00:00.000000Z|-1")], "a previous page"),
     ],
 )
 def test_list_rejects_invalid_filters_with_exit_2(cli: Cli, args: list[str], message: str) -> None:
