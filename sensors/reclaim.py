@@ -1,5 +1,7 @@
 """``lease_reclaim_sensor``: runs the lease reclaim (orchestration/services/reclaim.py) every
-30 s and writes one alert line per reclaimed entry.
+30 s and writes one alert line per reclaimed entry; the same tick records stranded launches
+(orchestration/services/stranded.py: an entry whose run was never created) as
+``dispatch_failed``, one alert line each.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dagster as dg
 
 from orchestration.services.alerts import emit_alert, utc_now
 from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
+from orchestration.services.stranded import ALERT_KIND as STRANDED_KIND
+from orchestration.services.stranded import sweep_stranded
 from resources.core import tags as t
 from resources.ledger import RunLedger
 
@@ -25,8 +29,9 @@ def build_reclaim_sensor(
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
-            "Fails running ledger entries whose lease expired (kind lease_reclaimed); never "
-            "launches a run. One structured alert line per reclaim."
+            "Fails running ledger entries whose lease expired (kind lease_reclaimed), and "
+            "records launches whose run was never created as dispatch_failed; never "
+            "launches a run. One structured alert line per entry."
         ),
     )
     def lease_reclaim_sensor(context: dg.SensorEvaluationContext, ledger: RunLedger):
@@ -35,9 +40,13 @@ def build_reclaim_sensor(
         for item in reclaims:
             emit_alert(context.log, ALERT_KIND, **item.as_json())
             _stop_dagster_retries(context.instance, item.run_id)
-        return dg.SkipReason(
-            f"reclaimed {len(reclaims)} expired lease(s)" if reclaims else "no expired leases"
-        )
+        stranded = sweep_stranded(ledger, context.instance, now)
+        for swept in stranded:
+            emit_alert(context.log, STRANDED_KIND, **swept.as_json())
+        said = f"reclaimed {len(reclaims)} expired lease(s)" if reclaims else "no expired leases"
+        if stranded:
+            said += f"; {len(stranded)} stranded launch(es) recorded as dispatch_failed"
+        return dg.SkipReason(said)
 
     return lease_reclaim_sensor
 

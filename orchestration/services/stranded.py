@@ -1,0 +1,112 @@
+"""Stranded launches: an entry recorded for a launch whose run was never created.
+
+`dueledger launch` and `dueledger runs retry` write their entry first and then submit the
+run. A launch that fails is recorded (``dispatch_failed``); a launching process that dies in
+between (killed, machine lost) leaves a ``queued`` entry with no run that nothing would ever
+start. This sweep finds such entries -- ``manual`` and ``retry`` origins, ``queued``, no run
+id, older than :data:`STRANDED_AFTER`, and no Dagster run launched for them -- and records
+each as a launch failure (``dispatch_failed``, kind ``dispatch``), with the command that
+re-dispatches it. It never launches a run itself: an operator asked for that run, and asks
+again. It runs on every tick of ``lease_reclaim_sensor`` (sensors/reclaim.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import dagster as dg
+
+from orchestration.services.alerts import iso
+from orchestration.services.launch import manual_run_id
+from resources.core import tags as t
+from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
+from resources.ledger import Entry, RunLedger
+
+#: How long an entry may wait for its run to be created: well past the launch timeout
+#: (300 s), so a slow launch that is still going is never taken for a dead one.
+STRANDED_AFTER: Final = timedelta(minutes=15)
+#: Entries looked at per sweep (the oldest stranded ones wait for the next sweep).
+SWEEP_LIMIT: Final = 200
+ALERT_KIND: Final = "launch_stranded"
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """One entry the sweep recorded as a failed launch."""
+
+    entry: Entry
+    redo: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "task": self.entry.task_key,
+            "entry_id": self.entry.id,
+            "dedup_key": self.entry.dedup_key,
+            "created_at": iso(self.entry.created_at),
+            "action": self.redo,
+        }
+
+
+def _redo(entry: Entry) -> str:
+    if entry.origin == ORIGIN_MANUAL:
+        request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
+        return (
+            f"`dueledger launch {entry.task_key} --request-id {request_id} --operator <you> "
+            f'--reason "..."` re-dispatches it'
+        )
+    return f"`dueledger runs retry {entry.id} --acknowledge-side-effects` launches it"
+
+
+def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
+    """Whether any Dagster run was created for ``entry`` (it may still wait in the queue)."""
+    if entry.origin == ORIGIN_MANUAL:
+        request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
+        if instance.get_run_by_id(manual_run_id(entry.task_key, request_id)) is not None:
+            return True
+        found = instance.get_runs(
+            filters=dg.RunsFilter(tags={t.TAG_TASK: entry.task_key, t.TAG_REQUEST_ID: request_id}),
+            limit=1,
+        )
+        return bool(found)
+    # A retry child's runs (new run or re-execution) carry its parent's id.
+    found = instance.get_runs(
+        filters=dg.RunsFilter(
+            tags={t.TAG_TASK: entry.task_key, t.TAG_PARENT_ENTRY: str(entry.parent_id)}
+        ),
+        limit=1,
+    )
+    return bool(found)
+
+
+def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
+    """``queued`` manual/retry entries with no run id, recorded before ``now - STRANDED_AFTER``."""
+    page, _ = ledger.list_entries(
+        statuses=[t.STATUS_QUEUED], until=now - STRANDED_AFTER, limit=SWEEP_LIMIT
+    )
+    return [e for e in page if e.origin in (ORIGIN_MANUAL, ORIGIN_RETRY) and not e.run_ids]
+
+
+def sweep_stranded(
+    ledger: RunLedger, instance: dg.DagsterInstance, now: datetime
+) -> list[Stranded]:
+    """Record every stranded launch as ``dispatch_failed``; returns what was recorded."""
+    swept: list[Stranded] = []
+    for entry in stranded_candidates(ledger, now):
+        if _has_run(instance, entry):
+            continue
+        redo = _redo(entry)
+        waited = int((now - entry.created_at).total_seconds() // 60)
+        after = ledger.record_dispatch_failure(
+            entry.id,
+            error=(
+                f"no Dagster run was created for this entry {waited} minutes after it was "
+                f"recorded: the launching command stopped between recording and launching. "
+                f"Nothing ran; {redo}"
+            ),
+            now=now,
+        )
+        if after.status == t.STATUS_DISPATCH_FAILED:
+            swept.append(Stranded(after, redo))
+    return swept
