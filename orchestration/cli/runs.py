@@ -9,6 +9,7 @@ against ``DUELEDGER_OPERATORS`` like the others (see orchestration/operators.py)
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -28,7 +29,9 @@ from orchestration.cli.support import (
     table,
 )
 from orchestration.operators import (
+    ROLE_ADMIN,
     ROLE_VIEWER,
+    Decision,
     Operators,
     check_operator_name,
     operators_from_env,
@@ -36,7 +39,7 @@ from orchestration.operators import (
 from resources.core import tags as t
 from resources.core.checks import check_reason
 from resources.core.errors import InvalidInput
-from resources.core.settings import load_settings
+from resources.core.settings import ENV_IDENTITY, load_settings
 from resources.ledger import DEFAULT_LIST_LIMIT, Entry, RunLedger
 
 MAX_LIST_LIMIT: Final = 500
@@ -44,6 +47,8 @@ MAX_CURSOR_CHARS: Final = 200
 ACTION_LIST: Final = "runs_list"
 ACTION_SHOW: Final = "runs_show"
 ACTION_SUMMARY: Final = "summary"
+#: The audit check of who a command acts as (DESIGN.md rule 4: identity from the environment).
+CHECK_IDENTITY: Final = "operator_is_caller"
 
 # A task key as the registry allows it (snake_case); anything else cannot name a task.
 _TASK_KEY = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -141,14 +146,79 @@ def parse_window(since: str | None, until: str | None) -> tuple[datetime | None,
 # --- roles -------------------------------------------------------------------------------------
 
 
-def viewer_name(operator: str | None) -> str:
-    """Who is looking: ``--operator``, else the login name."""
-    if operator is not None:
-        return _operator(operator)
+def caller_identity() -> str:
+    """Who runs this command: ``$DUELEDGER_IDENTITY`` (set by a service that runs dueledger
+    for its users, e.g. a chat bot or a job runner), else the OS login name."""
+    named = os.environ.get(ENV_IDENTITY, "").strip()
+    if named:
+        return _operator(named)
     try:
         return _operator(getpass.getuser())
     except (InvalidInput, OSError, KeyError):
         return "local"
+
+
+def viewer_name(operator: str | None) -> str:
+    """Who is looking: ``--operator``, else the caller's identity (local default only)."""
+    if operator is not None:
+        return _operator(operator)
+    return caller_identity()
+
+
+def acting_operator(
+    ledger: RunLedger,
+    operators: Operators,
+    given: str | None,
+    *,
+    action: str,
+    entry_id: int | None = None,
+    reason: str | None = None,
+) -> str:
+    """The operator a command acts and is recorded as (DESIGN.md rule 4).
+
+    Without an allow-list (the local default) it is ``--operator`` as given, else the caller.
+    With one it is the caller's identity (:func:`caller_identity`): ``--operator`` may name
+    only yourself, unless you are an admin acting for someone -- then the command acts with
+    that operator's roles and an audit record names you both. Anything else is refused
+    (exit 3, audited under the caller's name); nothing else is changed.
+    """
+    if operators.local:
+        return viewer_name(given)
+    caller = caller_identity()
+    if given is None or _operator(given) == caller:
+        return caller
+    named = _operator(given)
+    # Imported when this command runs, so the other commands do not load it.
+    from orchestration.retry import audit_operator_refusal
+
+    admin = operators.check(caller, ROLE_ADMIN)
+    if not admin.passed:
+        decision = Decision(
+            CHECK_IDENTITY,
+            False,
+            f"--operator {named!r} is not you: you are {caller!r} ({_identity_source()}); "
+            f"drop --operator, or ask an admin to act for {named!r}",
+        )
+        raise audit_operator_refusal(
+            ledger, decision, operator=caller, action=action, entry_id=entry_id, reason=reason
+        )
+    ledger.write_audit(
+        operator=caller,
+        action=action,
+        entry_id=entry_id,
+        reason=reason,
+        checks=[
+            Decision(
+                CHECK_IDENTITY, True, f"admin {caller!r} ({_identity_source()}) acts for {named!r}"
+            ).as_json()
+        ],
+        outcome=f"acting for: {caller} runs {action} as {named}",
+    )
+    return named
+
+
+def _identity_source() -> str:
+    return f"from {ENV_IDENTITY}" if os.environ.get(ENV_IDENTITY, "").strip() else "OS login"
 
 
 def _operator(name: str) -> str:
@@ -184,11 +254,14 @@ def require_role(
 
 
 def _viewer_gate(operator: str | None, action: str, entry_id: int | None = None) -> RunLedger:
-    """Settings, ledger and the viewer check shared by the read-only commands."""
-    name = viewer_name(operator)
+    """Settings, ledger, identity and the viewer check shared by the read-only commands."""
+    if operator is not None:
+        _operator(operator)  # a malformed name is exit 2 before anything is read
     settings = local_settings()
     ledger = open_ledger(settings)
-    require_role(ledger, load_operators(), name, ROLE_VIEWER, action=action, entry_id=entry_id)
+    operators = load_operators()
+    name = acting_operator(ledger, operators, operator, action=action, entry_id=entry_id)
+    require_role(ledger, operators, name, ROLE_VIEWER, action=action, entry_id=entry_id)
     return ledger
 
 
@@ -376,7 +449,11 @@ def _show_text(entry: Entry, data: dict[str, Any]) -> str:
 
 @runs_group.command("retry")
 @click.argument("entry_id")
-@click.option("--operator", required=True, help="Who retries (recorded in the audit).")
+@click.option(
+    "--operator",
+    default=None,
+    help="Who retries (default: you; with an allow-list only an admin may name someone else).",
+)
 @click.option("--reason", required=True, help="Why (recorded in the audit).")
 @click.option(
     "--acknowledge-side-effects",
@@ -386,17 +463,18 @@ def _show_text(entry: Entry, data: dict[str, Any]) -> str:
 @json_option
 @handle_errors
 def retry_cmd(
-    entry_id: str, operator: str, reason: str, acknowledge_side_effects: bool, as_json: bool
+    entry_id: str, operator: str | None, reason: str, acknowledge_side_effects: bool, as_json: bool
 ) -> None:
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import LAUNCH_REEXECUTION, retry_entry
+    from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION, retry_entry
     from orchestration.services.launch import DagsterCliLauncher
     from orchestration.tasks import TASKS
 
     entry_no = parse_entry_id(entry_id)
-    name = _operator(operator)
+    if operator is not None:
+        _operator(operator)  # a malformed name is exit 2 before anything is read
     try:
         reason = check_reason(reason, "why the entry is retried")
     except ValueError as exc:
@@ -404,6 +482,9 @@ def retry_cmd(
     settings = local_settings()
     ledger = open_ledger(settings)
     operators = load_operators()
+    name = acting_operator(
+        ledger, operators, operator, action=ACTION_MANUAL_RETRY, entry_id=entry_no, reason=reason
+    )
     with dagster_instance() as instance:
         result = retry_entry(
             ledger,

@@ -8,7 +8,7 @@ import base64
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ from click.testing import CliRunner, Result
 from contract import ENTRY_KEYS, SUMMARY_LISTS
 
 from orchestration.cli import main
+from orchestration.cli.runs import CHECK_IDENTITY
 from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core import tags as t
-from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
+from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
 from resources.ledger import (
     Entry,
     RunLedger,
@@ -58,9 +59,16 @@ class Cli:
     runner: CliRunner
     ledger: RunLedger
     url: str
+    #: Run each command as the operator it names (DUELEDGER_IDENTITY = its --operator), as
+    #: each person of a team runs the CLI as themselves; None: as this test's own login.
+    as_named: bool = False
+    identity: str | None = None
 
     def __call__(self, *args: str) -> Result:
-        return self.runner.invoke(main, list(args), catch_exceptions=False)
+        env: dict[str, str | None] = {ENV_IDENTITY: self.identity}
+        if self.as_named and "--operator" in args:
+            env[ENV_IDENTITY] = args[args.index("--operator") + 1]
+        return self.runner.invoke(main, list(args), env=env, catch_exceptions=False)
 
     def json(self, *args: str, code: int = 0) -> Any:
         result = self(*args, "--json")
@@ -494,6 +502,7 @@ def team(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
     path = tmp_path / "operators.toml"
     path.write_text('[operators]\nalice = ["admin"]\nbob = ["retrier"]\ncarol = ["viewer"]\n')
     monkeypatch.setenv(ENV_OPERATORS, str(path))
+    cli.as_named = True
     return cli
 
 
@@ -539,6 +548,66 @@ def test_launch_needs_the_retrier_role(team: Cli) -> None:
     message = team.error("launch", TASK, "--operator", "carol", "--reason", "r", code=3)
     assert f"refused by rule {CHECK_ROLE_RETRIER}" in message
     assert count_rows(team.url) == 0  # nothing launched, no entry
+
+
+def test_with_an_allow_list_you_act_as_yourself_not_as_the_name_you_type(team: Cli) -> None:
+    parent = failed(team.ledger)
+    bob = replace(team, as_named=False, identity="bob")  # a retrier
+    retry = ["runs", "retry", str(parent.id), "--reason", "r"]
+    message = bob.error(*retry, "--operator", "alice", code=3)
+    assert f"refused by rule {CHECK_IDENTITY}" in message and "you are 'bob'" in message
+    assert team.ledger.children(parent.id) == []
+    audit = team.ledger.audit_for(parent.id)[-1]
+    assert (audit["operator"], audit["action"]) == ("bob", "manual_retry")
+    assert audit["outcome"].startswith(f"refused: {CHECK_IDENTITY}")
+    # Launching and looking under another name are refused the same way; nothing launched.
+    assert CHECK_IDENTITY in bob.error(
+        "launch", TASK, "--operator", "alice", "--reason", "r", code=3
+    )
+    carol = replace(team, as_named=False, identity="carol")  # a viewer
+    assert CHECK_IDENTITY in carol.error("summary", "--operator", "alice", code=3)
+    assert count_rows(team.url) == 1
+    # Without --operator you are yourself: carol may look, and may still not retry.
+    assert carol.json("runs", "show", str(parent.id))["id"] == parent.id
+    assert f"rule {CHECK_ROLE_RETRIER}" in carol.error(*retry, code=3)
+    assert team.ledger.audit_for(parent.id)[-1]["operator"] == "carol"
+
+
+def test_an_admin_may_act_for_someone_with_their_roles_and_both_are_audited(team: Cli) -> None:
+    ledger = team.ledger
+    entry = scheduled(ledger, 0)
+    assert ledger.claim(entry.id, "run-x", lease_ttl=TTL, now=DUE).claimed
+    [reclaimed] = ledger.reclaim_expired(now=DUE + timedelta(hours=1))
+    alice = replace(team, as_named=False, identity="alice")  # the admin
+    assert alice.json("runs", "show", str(reclaimed.id), "--operator", "carol")["id"]
+    acted = ledger.audit_for(reclaimed.id)[-1]
+    assert (acted["operator"], acted["action"]) == ("alice", "runs_show")
+    assert acted["outcome"] == "acting for: alice runs runs_show as carol"
+    assert acted["checks"][0]["check"] == CHECK_IDENTITY and acted["checks"][0]["passed"]
+    # Acting for bob (a retrier) gives bob's roles, not alice's: no side-effect acknowledgement.
+    message = alice.error(
+        "runs",
+        "retry",
+        str(reclaimed.id),
+        "--operator",
+        "bob",
+        "--reason",
+        "checked",
+        "--acknowledge-side-effects",
+        code=3,
+    )
+    assert f"rule {CHECK_ROLE_ADMIN}" in message
+    assert ledger.children(reclaimed.id) == []
+    assert [a["operator"] for a in ledger.audit_for(reclaimed.id)[-2:]] == ["alice", "bob"]
+
+
+def test_the_identity_variable_names_the_caller(team: Cli) -> None:
+    parent = failed(team.ledger)
+    nobody = replace(team, as_named=False, identity="mallory")
+    assert "'mallory' is not on the allow-list" in nobody.error(
+        "runs", "show", str(parent.id), code=3
+    )
+    assert team.ledger.audit_for(parent.id)[-1]["operator"] == "mallory"
 
 
 def test_an_operators_file_that_does_not_exist_refuses_everyone(
