@@ -103,11 +103,23 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 _SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "secret", "token", "sslpassword")
 
 
+def _mask_unencoded_userinfo(url: str) -> str:
+    """A password with an unencoded ``@`` (``u:p@ss@host``) is parsed up to its first ``@``,
+    so the rest would show as part of the host: mask everything up to the last ``@``."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or netloc.count("@") < 2:
+        return url
+    userinfo, _, host = netloc.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{slash}{path}"
+
+
 def mask_url(url: str) -> str:
     """The database URL safe for messages, logs and ``--json`` output: its password and any
     secret-looking query value (``?password=...``) replaced by ``***``."""
     try:
-        parsed = make_url(url)
+        parsed = make_url(_mask_unencoded_userinfo(url))
     except ArgumentError:
         return "<unparseable database URL>"
     secret = {

@@ -126,6 +126,10 @@ def test_mask_url_hides_the_password_and_secret_query_values():
     assert "sslmode=require" in masked
     assert mask_url("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
     assert mask_url("not a url") == "<unparseable database URL>"
+    # An unencoded @ in the password: SQLAlchemy would show what follows it as the host.
+    for url in ("postgresql://u:p@zz@h/db", "postgresql://u:p@q@zz@h:5432/db?sslmode=x"):
+        masked = mask_url(url)
+        assert masked.startswith("postgresql://u:***@h") and "zz" not in masked, masked
 
 
 @pytest.mark.postgres
