@@ -31,11 +31,13 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
+from orchestration.catalog import task_views
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import is_retry_of_a_dispatch_failure
 from orchestration.services.alerts import utc_now
 from resources.core import tags as t
 from resources.ledger import RunLedger
+from sensors import build_sensors
 from sensors.outcomes import (
     RETRY_LOST_AFTER,
     Action,
@@ -277,9 +279,6 @@ def test_a_redispatch_sensor_evaluates_once_per_eighth_of_its_slot_30_s_to_2_min
 def test_the_code_location_keeps_one_redispatch_sensor_per_task_at_the_slot_interval():
     # One sensor per task: Dagster looks run keys up per sensor name, so <due>#redispatch-<n>
     # would be shared by two tasks re-dispatching the same due from one sensor.
-    from orchestration.catalog import task_views  # the production registry, as loaded
-    from sensors import build_sensors
-
     views = task_views()
     sensors = {s.name: s for s in build_sensors(views)}
     for view in views:
