@@ -154,12 +154,16 @@ def wait_out_slot_boundary(need: timedelta, *, now: datetime | None = None) -> f
 
 
 def instance_config(storage: dict[str, Any] | None) -> dict[str, Any]:
-    """deploy/dagster.yaml with the storage swapped and a 1 s dequeue interval."""
+    """deploy/dagster.yaml with the storage swapped, a 1 s dequeue interval and a 600 s
+    code-server start-up timeout."""
     config = yaml.safe_load((_paths.ROOT / "deploy" / "dagster.yaml").read_text())
     config.pop("storage", None)
     if storage is not None:
         config["storage"] = storage
     config["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
+    # The daemon (re)starts its code server while run workers load theirs: on a loaded
+    # machine that outlasted Dagster's 180 s default and failed dequeues (2026-12-02).
+    config["code_servers"] = {"local_startup_timeout": 600}
     return config
 
 

@@ -73,6 +73,7 @@ def test_the_drain_instance_is_the_deploy_config_with_its_storage_swapped():
     assert "storage" not in config
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     assert config["run_coordinator"]["config"]["dequeue_interval_seconds"] == 1
+    assert config["code_servers"] == {"local_startup_timeout": 600}
     pg = drain.instance_config({"postgres": {"postgres_url": "postgresql://x"}})
     assert pg["storage"] == {"postgres": {"postgres_url": "postgresql://x"}}
     assert pg["concurrency"] == config["concurrency"]
