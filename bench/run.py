@@ -14,7 +14,11 @@ script merges them:
   physical ceiling for claims;
 - ``reclaim``: ``bench/reclaim_scan.py`` -- the lease-reclaim scan (target <= 50 ms);
 - ``queries``: ``bench/ledger_queries.py`` -- ``runs list`` pages (target p95 <= 20 ms);
-- ``assets``: ``bench/assets.py`` -- each domain rule in pandas vs SQL.
+- ``assets``: ``bench/assets.py`` -- each domain rule in pandas vs SQL;
+- ``idle``: ``bench/idle.py`` -- CPU of an idle ``dagster dev`` vs a one-asset location
+  (target ratio <= 1.5);
+- ``drain``: ``bench/drain.py`` -- queued runs drained per minute by ``dagster-daemon``,
+  dueledger task jobs vs one-asset jobs (target ratio >= 0.85).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -428,6 +432,9 @@ BENCHES: tuple[Bench, ...] = (
         ("--rows", "20000", "--repeat", "1"),
         ("--rows", "1000000"),
     ),
+    # The daemon's own cost: an idle dagster dev, and how fast the real daemon drains a queue.
+    Bench("idle", "idle.py", ("--seconds", "60"), ("--seconds", "120", "--pairs", "2")),
+    Bench("drain", "drain.py", ("--runs", "10"), ("--runs", "40")),
 )
 
 

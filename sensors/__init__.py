@@ -4,7 +4,9 @@ One module per sensor family; ``SENSORS`` is what the code location registers:
 
 - ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
   it also creates the task pools (pools.py) that hold one run per task;
-- ``<task>_redispatch_sensor`` (outcomes.py): dispatch_failed -> re-dispatch in its slot;
+- ``<task>_redispatch_sensor`` (outcomes.py): dispatch_failed -> re-dispatch in its slot
+  (one per task: the run key ``<due>#redispatch-<n>`` is unambiguous only per sensor);
+  every eighth of a slot, 30 s to 2 minutes;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
 - ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;
 - ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong.
@@ -34,15 +36,27 @@ if TYPE_CHECKING:
 
 
 def build_sensors(
-    views: Sequence[TaskView], *, clock: Callable[[], datetime] = utc_now
+    views: Sequence[TaskView],
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    redispatch_interval_seconds: int | None = None,
 ) -> list[dg.SensorDefinition]:
-    """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests)."""
+    """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests).
+
+    ``redispatch_interval_seconds`` overrides the re-dispatch sensors' interval (default: an
+    eighth of the slot, 30 s to 2 minutes, ``sensors.outcomes.redispatch_interval_seconds``).
+    """
     sensors = [
         build_outcome_sensor(views, clock=clock),
         build_reclaim_sensor(clock=clock),
         build_slot_health_sensor(views, clock=clock),
     ]
-    sensors += [build_redispatch_sensor(v, clock=clock) for v in views]
+    sensors += [
+        build_redispatch_sensor(
+            v, clock=clock, minimum_interval_seconds=redispatch_interval_seconds
+        )
+        for v in views
+    ]
     sensors += [
         build_catch_up_sensor(v, clock=clock)
         for v in views

@@ -75,6 +75,11 @@ FIRST_LOOKBACK: Final = timedelta(hours=24)
 RETRY_LOST_AFTER: Final = timedelta(minutes=3)
 #: Automatic retries followed from one run (Dagster's max_retries is far smaller).
 MAX_RETRY_CHAIN: Final = 20
+#: A re-dispatch sensor evaluates once per REDISPATCH_SLOT_FRACTION of its slot, between
+#: these bounds (see :func:`redispatch_interval_seconds`).
+REDISPATCH_INTERVAL_MIN: Final = 30
+REDISPATCH_INTERVAL_MAX: Final = 120
+REDISPATCH_SLOT_FRACTION: Final = 8
 
 _RunEnd = Literal[dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED]
 _OUTCOME_EVENTS: Final[dict[str, _RunEnd]] = {
@@ -548,21 +553,43 @@ def _last_failure_canceled(instance: dg.DagsterInstance, entry: Entry) -> bool:
     return run is not None and run.status == dg.DagsterRunStatus.CANCELED
 
 
+def redispatch_interval_seconds(slot_minutes: int) -> int:
+    """How often a re-dispatch sensor evaluates: an eighth of the slot, 30 s to 2 minutes.
+
+    A re-dispatch sensor has work only while its slot's entry is ``dispatch_failed``, and it
+    must act within that slot; every other evaluation is a skipped tick the daemon still
+    pays for (a gRPC call to the code server, a tick written to Dagster's storage), once per
+    task. On 15-minute slots it evaluates every 112 s (it was 30 s): a dispatch failure waits
+    at most that much longer for its re-dispatch, and one recorded in the last 112 s of its
+    slot is left ``dispatch_failed`` (the slot-health warning and ``summary`` report it).
+    Slots of 4 minutes or less keep 30 s, so a re-dispatch still fits in the slot."""
+    share = slot_minutes * 60 // REDISPATCH_SLOT_FRACTION
+    return max(REDISPATCH_INTERVAL_MIN, min(REDISPATCH_INTERVAL_MAX, share))
+
+
 def build_redispatch_sensor(
     view: TaskView,
     *,
     clock: Callable[[], datetime] = utc_now,
     max_redispatches: int = DEFAULT_MAX_REDISPATCHES,
-    minimum_interval_seconds: int = 30,
+    minimum_interval_seconds: int | None = None,
 ) -> dg.SensorDefinition:
     """``<task>_redispatch_sensor``: re-dispatches the current slot's ``dispatch_failed``
-    entry of one task, at most ``max_redispatches`` times per slot."""
+    entry of one task, at most ``max_redispatches`` times per slot, evaluated every
+    ``minimum_interval_seconds`` (default :func:`redispatch_interval_seconds` of the slot).
+
+    One sensor per task, not one for all: Dagster looks a sensor's run keys up per sensor
+    (``dagster/sensor_name`` and ``dagster/run_key``, whatever job a run is for), so two
+    tasks re-dispatching the same due from one sensor would share ``<due>#redispatch-<n>``
+    and the second run would never be created (docs/operations.md)."""
     if not 0 <= max_redispatches <= MAX_REDISPATCHES_LIMIT:
         raise ValueError(
             f"max_redispatches={max_redispatches} must be in 0..{MAX_REDISPATCHES_LIMIT} "
             f"(the ledger keeps the newest {MAX_DISPATCH_FAILURES} dispatch failures)"
         )
     spec = view.spec
+    if minimum_interval_seconds is None:
+        minimum_interval_seconds = redispatch_interval_seconds(view.slot_minutes)
 
     @dg.sensor(
         name=f"{spec.key}_redispatch_sensor",

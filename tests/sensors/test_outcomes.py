@@ -31,11 +31,13 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
+from orchestration.catalog import task_views
 from orchestration.registry import EverySlots, TaskSpec, build_views
 from orchestration.runtime import is_retry_of_a_dispatch_failure
 from orchestration.services.alerts import utc_now
 from resources.core import tags as t
 from resources.ledger import RunLedger
+from sensors import build_sensors
 from sensors.outcomes import (
     RETRY_LOST_AFTER,
     Action,
@@ -46,6 +48,7 @@ from sensors.outcomes import (
     plan_redispatch,
     reconcile_events,
     reconcile_run,
+    redispatch_interval_seconds,
     redispatch_run_key,
     settle_abandoned_retries,
 )
@@ -262,6 +265,26 @@ def test_a_redispatch_is_numbered_by_the_dispatch_failures_and_bounded(
 def test_redispatch_run_keys_are_unique_per_due_and_number():
     assert redispatch_run_key(DUE, 1) == "2026-11-30T22:45:00Z#redispatch-1"
     assert redispatch_run_key(DUE, 2) != redispatch_run_key(DUE, 1)
+
+
+@pytest.mark.parametrize(
+    ("slot_minutes", "seconds"), [(1, 30), (5, 37), (15, 112), (60, 120), (1440, 120)]
+)
+def test_a_redispatch_sensor_evaluates_once_per_eighth_of_its_slot_30_s_to_2_minutes(
+    slot_minutes, seconds
+):
+    assert redispatch_interval_seconds(slot_minutes) == seconds
+
+
+def test_the_code_location_keeps_one_redispatch_sensor_per_task_at_the_slot_interval():
+    # One sensor per task: Dagster looks run keys up per sensor name, so <due>#redispatch-<n>
+    # would be shared by two tasks re-dispatching the same due from one sensor.
+    views = task_views()
+    sensors = {s.name: s for s in build_sensors(views)}
+    for view in views:
+        sensor = sensors[f"{view.spec.key}_redispatch_sensor"]
+        assert sensor.job_name == view.spec.job_name
+        assert sensor.minimum_interval_seconds == redispatch_interval_seconds(view.slot_minutes)
 
 
 # --- retries as attempts: run retries relaunch, the same entry counts attempts ----------------

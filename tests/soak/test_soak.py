@@ -246,6 +246,21 @@ def _soak_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     return [r for r in instance.get_runs() if r.tags.get(t.TAG_TASK, "").startswith("soak_")]
 
 
+def _drain_rate(instance: dg.DagsterInstance) -> tuple[int, float]:
+    """Soak runs that ended, and how many ended a minute, from the first run's start to the
+    last run's end (the queue's drain rate, the figure docs/performance.md tracks)."""
+    records = [
+        r
+        for r in instance.get_run_records()
+        if r.dagster_run.tags.get(t.TAG_TASK, "").startswith("soak_")
+    ]
+    starts = [r.start_time for r in records if r.start_time is not None]
+    ends = [r.end_time for r in records if r.end_time is not None]
+    if not starts or not ends or max(ends) <= min(starts):
+        return len(ends), 0.0
+    return len(ends), 60.0 * len(ends) / (max(ends) - min(starts))
+
+
 def _read_record(
     soak: Soak, instance: dg.DagsterInstance, dues: list[datetime], killer: Killer
 ) -> SoakRecord:
@@ -448,6 +463,7 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
             killer.join(timeout=10)
             settled_after = time.monotonic() - started
             record = _read_record(soak, instance, dues, killer)
+            ended_runs, runs_per_minute = _drain_rate(instance)
     finally:
         if killer is not None:
             killer.stop.set()
@@ -465,7 +481,8 @@ def test_twenty_tasks_for_five_slots_with_random_worker_kills_keep_every_invaria
         f"outcomes {outcome_counts(record)}, {len(record.deliveries)} email deliveries, "
         f"{len(record.outbox)} outbox rows, {len(record.reclaim_alerts)} reclaim alerts, "
         f"{len(_announced_unretried(record.runs))} retries Dagster announced and never created; "
-        f"settled {settled_after:.0f} s after the daemon started"
+        f"settled {settled_after:.0f} s after the daemon started; {ended_runs} runs ended at "
+        f"{runs_per_minute:.1f} runs per minute (first run start to last run end)"
     )
     print(report)
     assert not problems, report + "\n" + "\n".join(problems)
