@@ -14,7 +14,9 @@ script merges them:
   physical ceiling for claims;
 - ``reclaim``: ``bench/reclaim_scan.py`` -- the lease-reclaim scan (target <= 50 ms);
 - ``queries``: ``bench/ledger_queries.py`` -- ``runs list`` pages (target p95 <= 20 ms);
-- ``assets``: ``bench/assets.py`` -- each domain rule in pandas vs SQL.
+- ``assets``: ``bench/assets.py`` -- each domain rule in pandas vs SQL;
+- ``run_cost``: ``bench/run_cost.py`` -- CPU and peak memory of loading the code location
+  and of one run of a task's job, vs a one-asset Dagster location (targets 1.30, 1.15).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -427,6 +429,12 @@ BENCHES: tuple[Bench, ...] = (
         "assets.py",
         ("--rows", "20000", "--repeat", "1"),
         ("--rows", "1000000"),
+    ),
+    Bench(
+        "run_cost",
+        "run_cost.py",
+        ("--repeat", "2", "--tasks", "tick_every_slot,order_cleanup"),
+        ("--repeat", "3", "--tasks", "all"),
     ),
 )
 
