@@ -3,24 +3,16 @@
 Each asset (``orchestration.task_asset``, which claims the run's ledger entry): read the
 source store as of the run's due time, call the pure pandas rules in ``assets.orders``
 / ``assets.services``, write back with compare-and-set, report counts as metadata.
+
+The rules are imported in the asset bodies, by the run that executes them: loading the
+code location (every code server, run worker and sensor evaluation) does not import
+pandas (docs/performance.md, "A light code location").
 """
 
 from datetime import timedelta
 
 import dagster as dg
 
-from assets.orders import (
-    OrderCleanupPolicy,
-    cancel_orders,
-    candidate_orders_query,
-    select_orders_to_cancel,
-)
-from assets.services import (
-    LifecyclePolicy,
-    apply_lifecycle,
-    candidate_services_query,
-    plan_lifecycle,
-)
 from orchestration.task_asset import TaskRun, task_asset
 from resources.core.slots import format_due
 from resources.source_store import SourceStore
@@ -51,6 +43,14 @@ def order_cleanup(
     config: OrderCleanupConfig,
     source: SourceStore,
 ):
+    # The pandas rule loads with the run that uses it, not with the code location.
+    from assets.orders import (
+        OrderCleanupPolicy,
+        cancel_orders,
+        candidate_orders_query,
+        select_orders_to_cancel,
+    )
+
     policy = OrderCleanupPolicy(pending_max_age=timedelta(hours=config.pending_max_age_hours))
     # The indexed query narrows to candidates; the pure rule stays the authority.
     candidates = source.read_frame(candidate_orders_query(run.as_of, policy))
@@ -85,6 +85,14 @@ def service_lifecycle_maintenance(
     config: LifecycleConfig,
     source: SourceStore,
 ):
+    # The pandas rule loads with the run that uses it, not with the code location.
+    from assets.services import (
+        LifecyclePolicy,
+        apply_lifecycle,
+        candidate_services_query,
+        plan_lifecycle,
+    )
+
     policy = LifecyclePolicy(
         termination_enabled=config.termination_enabled,
         termination_retention=timedelta(days=config.termination_retention_days),

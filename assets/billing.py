@@ -21,7 +21,6 @@ Reminder semantics (both kinds):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -29,8 +28,8 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
+from assets.policies import ReminderPolicy
 from resources.source_schema import (
-    CHANNELS,
     SERVICE_ACTIVE,
     customers,
     invoices,
@@ -58,50 +57,7 @@ REMINDER_COLUMNS: Final = (
     "reference_at",
 )
 
-MAX_REMINDER_DAYS: Final = 365
 _DAY = np.timedelta64(1, "D")
-
-
-def _validate_days(name: str, days: object) -> tuple[int, ...]:
-    if not isinstance(days, tuple | list) or not days:
-        raise ValueError(f"{name} must be a non-empty list of whole days, got {days!r}")
-    for day in days:
-        if isinstance(day, bool) or not isinstance(day, int | np.integer):
-            raise ValueError(f"{name}: {day!r} is not a whole number of days")
-        if not 1 <= int(day) <= MAX_REMINDER_DAYS:
-            raise ValueError(
-                f"{name}: {day} is out of range; reminder days must be between 1 and "
-                f"{MAX_REMINDER_DAYS} (e.g. [1, 3, 5])"
-            )
-    if len(set(days)) != len(days):
-        raise ValueError(f"{name}: {list(days)} repeats a day; list each day once")
-    return tuple(int(d) for d in days)
-
-
-def validate_channels(name: str, channels: object) -> tuple[str, ...]:
-    """A non-empty, duplicate-free tuple of known channels, or a ValueError naming `name`."""
-    if not isinstance(channels, tuple | list) or not channels:
-        raise ValueError(f"{name} must be a non-empty list of channels from {list(CHANNELS)}")
-    unknown = [c for c in channels if c not in CHANNELS]
-    if unknown:
-        raise ValueError(f"{name}: unknown channel(s) {unknown}; use a subset of {list(CHANNELS)}")
-    if len(set(channels)) != len(channels):
-        raise ValueError(f"{name}: {list(channels)} repeats a channel; list each channel once")
-    return tuple(channels)
-
-
-@dataclass(frozen=True)
-class ReminderPolicy:
-    """When reminders are due and on which channels (the seed's defaults)."""
-
-    overdue_days: tuple[int, ...] = (1, 3, 5)
-    renewal_days: tuple[int, ...] = (7, 3, 1)
-    channels: tuple[str, ...] = CHANNELS
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "overdue_days", _validate_days("overdue_days", self.overdue_days))
-        object.__setattr__(self, "renewal_days", _validate_days("renewal_days", self.renewal_days))
-        object.__setattr__(self, "channels", validate_channels("channels", self.channels))
 
 
 def _require_columns(frame: pd.DataFrame, required: Iterable[str], what: str) -> None:

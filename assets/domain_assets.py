@@ -4,36 +4,19 @@ Each asset (``orchestration.task_asset``, which claims the run's ledger entry): 
 source store as of the run's due, call the pure pandas rules (``assets.billing``,
 ``assets.renewals``, ``assets.reconcile``, ``assets.tickets``, ``assets.log_archive``),
 write back exactly once, and report counts (and the first rows) as metadata.
+
+The rules (and pandas) are imported in the asset bodies, by the run that executes them:
+loading the code location does not import them (docs/performance.md, "A light code
+location").
 """
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import numpy as np
-import pandas as pd
 
-from assets.billing import (
-    overdue_candidates_query,
-    overdue_reminders_due,
-    reminder_customers_query,
-    render_reminders,
-    renewal_candidates_query,
-    renewal_notices_due,
-)
 from assets.domain_config import DomainRules
-from assets.log_archive import ARCHIVED_LOGS, archive_log
-from assets.reconcile import movements_query, reconcile_balances
-from assets.renewals import (
-    OUTCOME_RENEWED,
-    RENEW_OUTCOMES,
-    apply_auto_renew,
-    auto_renew_candidates_query,
-    balances_query,
-    plan_auto_renew,
-)
-from assets.tickets import candidate_tickets_query, close_tickets, select_tickets_to_close
 from orchestration.factory import DAILY_PARTITIONS
 from orchestration.task_asset import TaskRun, task_asset
 from resources.core.slots import format_due
@@ -48,12 +31,18 @@ from resources.notifier import (
 )
 from resources.source_store import SourceStore
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 GROUP = "hosting_billing"
 #: Rows shown in the "first rows" tables of the UI.
 PREVIEW_ROWS = 10
 
 
 def _cell(value: Any) -> str | int | float | bool:
+    import numpy as np
+    import pandas as pd
+
     if value is None or (not isinstance(value, str) and pd.isna(value)):
         return ""
     if isinstance(value, pd.Timestamp | datetime | np.datetime64):
@@ -67,7 +56,7 @@ def _cell(value: Any) -> str | int | float | bool:
     return str(value)
 
 
-def table_metadata(frame: pd.DataFrame, limit: int | None = PREVIEW_ROWS) -> dg.MetadataValue:
+def table_metadata(frame: "pd.DataFrame", limit: int | None = PREVIEW_ROWS) -> dg.MetadataValue:
     """A frame (its first `limit` rows) as a table the UI renders."""
     shown = frame if limit is None else frame.head(limit)
     columns = [str(c) for c in shown.columns]
@@ -103,6 +92,18 @@ def billing_maintenance(
     notifier: Notifier,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
+    import pandas as pd
+
+    # The pandas rules load with the run that uses them, not with the code location.
+    from assets.billing import (
+        overdue_candidates_query,
+        overdue_reminders_due,
+        reminder_customers_query,
+        render_reminders,
+        renewal_candidates_query,
+        renewal_notices_due,
+    )
+
     engine = source.engine()
     create_domain_schema(engine)
     policy = rules.reminder_policy()
@@ -170,6 +171,16 @@ def service_auto_renew(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
+    # The pandas rules load with the run that uses them, not with the code location.
+    from assets.renewals import (
+        OUTCOME_RENEWED,
+        RENEW_OUTCOMES,
+        apply_auto_renew,
+        auto_renew_candidates_query,
+        balances_query,
+        plan_auto_renew,
+    )
+
     engine = source.engine()
     create_domain_schema(engine)
     policy = rules.auto_renew_policy()
@@ -221,6 +232,9 @@ def reconcile_account_balance(
     run: TaskRun,
     source: SourceStore,
 ) -> Iterator[dg.MaterializeResult]:
+    # The pandas rule loads with the run that uses it, not with the code location.
+    from assets.reconcile import movements_query, reconcile_balances
+
     mismatches, summary = reconcile_balances(source.read_frame(movements_query()))
     if summary["mismatched"]:
         context.log.warning(
@@ -252,6 +266,9 @@ def ticket_auto_close(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
+    # The pandas rule loads with the run that uses it, not with the code location.
+    from assets.tickets import candidate_tickets_query, close_tickets, select_tickets_to_close
+
     policy = rules.ticket_policy()
     candidates = source.read_frame(candidate_tickets_query(run.as_of, policy))
     to_close = select_tickets_to_close(candidates, run.as_of, policy)
@@ -291,6 +308,11 @@ def log_archive(
     source: SourceStore,
     rules: DomainRules,
 ) -> Iterator[dg.MaterializeResult]:
+    import pandas as pd
+
+    # The archive rule loads with the run that uses it, not with the code location.
+    from assets.log_archive import ARCHIVED_LOGS, archive_log
+
     engine = source.engine()
     create_domain_schema(engine)
     policy = rules.archive_policy()

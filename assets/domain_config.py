@@ -4,8 +4,9 @@
 ticket and log-archive rules, with the seed's defaults. It is validated when it is
 constructed -- at definition load for the values in `orchestration/catalog.py`, and at
 run start for values given as run config in the launchpad -- by building the pure
-policy objects the rules use, so a bad value (negative day, unknown channel) fails with
-a message naming the field and the fix, before anything runs.
+policy objects the rules use (``assets.policies``, free of pandas: validating them does
+not load the rules), so a bad value (negative day, unknown channel) fails with a message
+naming the field and the fix, before anything runs.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from typing import TypeVar
 import dagster as dg
 from pydantic import Field, model_validator
 
-from assets.billing import ReminderPolicy
-from assets.log_archive import ARCHIVE_FORMAT, ArchivePolicy
-from assets.renewals import AutoRenewPolicy
-from assets.tickets import TicketAutoClosePolicy
+from assets.policies import (
+    ARCHIVE_FORMAT,
+    ArchivePolicy,
+    AutoRenewPolicy,
+    ReminderPolicy,
+    TicketAutoClosePolicy,
+)
 from resources.core.settings import load_settings
 from resources.source_schema import CHANNELS
 

@@ -27,7 +27,7 @@ import hashlib
 import io
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Final
 
@@ -35,50 +35,13 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
+from assets.policies import ARCHIVE_FORMAT, ArchivePolicy
 from resources.idempotency import log_archives, notification_outbox
 from resources.source_schema import automation_log, chunks, naive_utc, read_frame_from
-
-ARCHIVE_FORMAT: Final = "csv.gz"
-ARCHIVE_FORMATS: Final = (ARCHIVE_FORMAT,)
-MAX_BATCH_ROWS: Final = 2_000_000
 
 
 class ArchiveVerificationError(RuntimeError):
     """An archive file did not read back as written; nothing was deleted."""
-
-
-@dataclass(frozen=True)
-class ArchivePolicy:
-    """How old a log row must be to be archived, where archives go, and batch size."""
-
-    directory: Path
-    retention: timedelta = timedelta(days=90)
-    batch_rows: int = 100_000
-    format: str = ARCHIVE_FORMAT
-
-    def __post_init__(self) -> None:
-        if not str(self.directory).strip():
-            raise ValueError("ArchivePolicy.directory must name a directory for archive files")
-        object.__setattr__(self, "directory", Path(self.directory))
-        if not isinstance(self.retention, timedelta) or self.retention < timedelta(days=1):
-            raise ValueError(
-                f"ArchivePolicy.retention must be at least one day (e.g. timedelta(days=90)), "
-                f"got {self.retention!r}"
-            )
-        if (
-            isinstance(self.batch_rows, bool)
-            or not isinstance(self.batch_rows, int)
-            or not 1 <= self.batch_rows <= MAX_BATCH_ROWS
-        ):
-            raise ValueError(
-                f"ArchivePolicy.batch_rows must be a whole number in 1..{MAX_BATCH_ROWS}, "
-                f"got {self.batch_rows!r}"
-            )
-        if self.format not in ARCHIVE_FORMATS:
-            raise ValueError(
-                f"ArchivePolicy.format {self.format!r} is not supported; use one of "
-                f"{list(ARCHIVE_FORMATS)} (Parquet would need pyarrow)"
-            )
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
+from assets.policies import AutoRenewPolicy
 from resources.idempotency import (
     KEY_COLUMNS,
     claim_effects,
@@ -80,23 +81,6 @@ PLAN_COLUMNS: Final = (
     "balance_cents",
     "needed_cents",
 )
-
-
-@dataclass(frozen=True)
-class AutoRenewPolicy:
-    """How far ahead of expiry services are renewed, and for how long."""
-
-    window: timedelta = timedelta(days=3)
-    period: timedelta = timedelta(days=30)
-
-    def __post_init__(self) -> None:
-        for name in ("window", "period"):
-            value = getattr(self, name)
-            if not isinstance(value, timedelta) or value <= timedelta(0):
-                raise ValueError(
-                    f"AutoRenewPolicy.{name} must be a positive timedelta "
-                    f"(e.g. timedelta(days=3)), got {value!r}"
-                )
 
 
 @dataclass(frozen=True, eq=False)

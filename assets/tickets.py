@@ -7,13 +7,13 @@ Pure rule (`select_tickets_to_close`) plus its compare-and-set write-back
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 import pandas as pd
 import sqlalchemy as sa
 
+from assets.policies import TicketAutoClosePolicy
 from resources.source_schema import (
     TICKET_CLOSED,
     TICKET_WAITING_CUSTOMER,
@@ -25,20 +25,6 @@ from resources.source_store import update_and_log
 
 ACTION_AUTO_CLOSE: Final = "auto_close"
 OBJECT_TICKET: Final = "ticket"
-
-
-@dataclass(frozen=True)
-class TicketAutoClosePolicy:
-    """How long a ticket may wait on the customer before it is closed."""
-
-    waiting: timedelta = timedelta(days=7)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.waiting, timedelta) or self.waiting <= timedelta(0):
-            raise ValueError(
-                f"TicketAutoClosePolicy.waiting must be a positive timedelta "
-                f"(e.g. timedelta(days=7)), got {self.waiting!r}"
-            )
 
 
 def select_tickets_to_close(

@@ -19,6 +19,8 @@ script merges them:
   (target ratio <= 1.5);
 - ``drain``: ``bench/drain.py`` -- queued runs drained per minute by ``dagster-daemon``,
   dueledger task jobs vs one-asset jobs (target ratio >= 0.85).
+- ``run_cost``: ``bench/run_cost.py`` -- CPU and peak memory of loading the code location
+  and of one run of a task's job, vs a one-asset Dagster location (targets 1.30, 1.15).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -435,6 +437,12 @@ BENCHES: tuple[Bench, ...] = (
     # The daemon's own cost: an idle dagster dev, and how fast the real daemon drains a queue.
     Bench("idle", "idle.py", ("--seconds", "60"), ("--seconds", "120", "--pairs", "2")),
     Bench("drain", "drain.py", ("--runs", "10"), ("--runs", "40")),
+    Bench(
+        "run_cost",
+        "run_cost.py",
+        ("--repeat", "2", "--tasks", "tick_every_slot,order_cleanup"),
+        ("--repeat", "3", "--tasks", "all"),
+    ),
 )
 
 

@@ -17,11 +17,25 @@ from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore
 
+#: Views already built in this process, by (slot minutes, timezone). Building them samples
+#: every cron rule's fires (most of a second of CPU for the registry), and the code
+#: location asks for them more than once as it loads (jobs and schedules, the sensors);
+#: the specs and the settings are fixed for the process, so each combination is built once.
+_VIEWS: dict[tuple[int, str], tuple[TaskView, ...]] = {}
+
 
 def task_views(settings: Settings | None = None) -> list[TaskView]:
-    """Validated tasks with their plans and cadences for the configured slot/timezone."""
+    """Validated tasks with their plans and cadences for the configured slot/timezone.
+
+    Built once per slot/timezone in a process (the cadence warnings show on that first
+    build); every call returns a new list of the same frozen views.
+    """
     settings = settings or load_settings()
-    return build_views(TASKS, settings.slot_minutes, settings.timezone)
+    key = (settings.slot_minutes, settings.timezone)
+    views = _VIEWS.get(key)
+    if views is None:
+        views = _VIEWS[key] = tuple(build_views(TASKS, *key))
+    return list(views)
 
 
 def build_resources(settings: Settings | None = None) -> dict[str, dg.ConfigurableResource]:

@@ -26,10 +26,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-import pandas as pd
 import sqlalchemy as sa
 
 from resources.source_schema import (
@@ -40,6 +38,11 @@ from resources.source_schema import (
     read_frame_from,
     unique_ids,
 )
+
+if TYPE_CHECKING:
+    # Imported where frames are made: the code location loads without pandas.
+    import numpy as np
+    import pandas as pd
 
 EFFECT_SUCCEEDED: Final = "succeeded"
 EFFECT_FAILED: Final = "failed"
@@ -162,6 +165,9 @@ def normalize_keys(frame: pd.DataFrame) -> pd.DataFrame:
     `time_point` becomes naive-UTC `datetime64[us]` (the databases keep microseconds),
     `object_id` int64, the text columns `object` strings.
     """
+    import numpy as np
+    import pandas as pd
+
     missing = [column for column in KEY_COLUMNS if column not in frame.columns]
     if missing:
         raise ValueError(f"effect key frame is missing column(s) {missing}")
@@ -181,6 +187,8 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
     Converted column by column (drivers cannot bind numpy scalars or NaT).
     """
+    import pandas as pd
+
     columns: dict[str, np.ndarray] = {}
     for name in frame.columns:
         series = frame[name]
@@ -201,6 +209,8 @@ def read_effects(connectable: sa.Engine | sa.Connection, keys: pd.DataFrame) -> 
     One range query per rule (served by the (rule, time_point) index), then an exact
     match on the full key in pandas.
     """
+    import pandas as pd
+
     columns = ["id", *KEY_COLUMNS, "status", "attempts", "error"]
     if keys.empty:
         return pd.DataFrame(columns=columns)
@@ -238,6 +248,8 @@ def classify_effects(keys: pd.DataFrame, existing: pd.DataFrame) -> pd.DataFrame
 
     Vectorised left merge on the key; `keys` index and order are kept.
     """
+    import pandas as pd
+
     normalized = normalize_keys(keys)
     if existing.empty:
         out = keys.copy()
@@ -298,6 +310,8 @@ def claim_effects(
     them with `settle_effects` -- in the same transaction for a transactional side
     effect, so nobody else ever sees them `in_flight`.
     """
+    import pandas as pd
+
     token = uuid.uuid4().hex
     at = naive_utc(at)
     base = {

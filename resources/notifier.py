@@ -26,10 +26,9 @@ import smtplib
 from collections.abc import Sequence
 from datetime import datetime
 from email.message import EmailMessage
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import dagster as dg
-import pandas as pd
 import sqlalchemy as sa
 from pydantic import Field
 
@@ -49,6 +48,10 @@ from resources.idempotency import (
     settle_effects,
 )
 from resources.source_schema import naive_utc
+
+if TYPE_CHECKING:
+    # Imported where frames are made: the code location loads without pandas.
+    import pandas as pd
 
 #: What a message frame must carry: the idempotency key plus what to send to whom.
 MESSAGE_COLUMNS: Final = (*KEY_COLUMNS, "customer_id", "recipient", "subject", "body")
@@ -158,6 +161,8 @@ class SmtpNotifier(Notifier):
 def _outbox_rows(
     messages: pd.DataFrame, *, at: datetime, task_key: str, entry_key: str, status: str
 ) -> list[dict[str, Any]]:
+    import pandas as pd
+
     frame = pd.DataFrame(
         {
             "effect_id": messages["effect_id"].astype("int64"),
@@ -200,6 +205,8 @@ def dispatch_notifications(
     `effect_id` and `error`. Messages whose key was claimed by a concurrent run in the
     meantime count as `skipped_already_sent`. See the module docstring for the protocol.
     """
+    import pandas as pd
+
     missing = [c for c in MESSAGE_COLUMNS if c not in messages.columns]
     if missing:
         raise ValueError(f"messages frame is missing column(s) {missing}")
@@ -301,6 +308,8 @@ def dispatch_notifications(
 
 def outcome_counts(outcomes: pd.DataFrame, by: Sequence[str] = ("rule", "channel")) -> pd.DataFrame:
     """Counts of due messages and of each outcome per `by` group (one row per group)."""
+    import pandas as pd
+
     columns = [*by, "due", *OUTCOMES]
     if outcomes.empty:
         return pd.DataFrame(columns=columns)

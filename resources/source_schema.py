@@ -6,12 +6,16 @@ build on it, so neither imports the other's module to share a table.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import pandas as pd
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    # Imported where a frame is made: the code location loads without pandas.
+    import pandas as pd
 
 # --- status values (the CHECK constraints below and the business rules use these) ----
 SERVICE_ACTIVE: Final = "active"
@@ -161,7 +165,10 @@ def naive_utc(value: datetime) -> datetime:
     The store keeps naive UTC; accepting aware datetimes here means a caller holding
     `context.scheduled_execution_time` (aware) cannot silently compare in local time.
     """
-    if isinstance(value, pd.Timestamp):
+    # Only a loaded pandas can have made a Timestamp: the check imports nothing, so the
+    # code location loads without pandas.
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(value, pandas.Timestamp):
         value = value.to_pydatetime()
     if value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
@@ -170,6 +177,8 @@ def naive_utc(value: datetime) -> datetime:
 
 def naive_utc_series(values: pd.Series) -> pd.Series:
     """Parse a column of instants into naive-UTC `datetime64` (None/NaN become NaT)."""
+    import pandas as pd
+
     if isinstance(values.dtype, pd.DatetimeTZDtype):
         return values.dt.tz_convert("UTC").dt.tz_localize(None)
     if pd.api.types.is_datetime64_dtype(values.dtype):
@@ -207,6 +216,8 @@ def read_frame_from(
     `expires_at`, ...) and any listed in `parse_dates` are parsed, so SQLite's strings
     and PostgreSQL's datetimes come back the same.
     """
+    import pandas as pd
+
     statement: sa.Executable
     if isinstance(sql_or_table, sa.Table):
         statement = sa.select(sql_or_table).order_by(*sql_or_table.primary_key.columns)

@@ -15,10 +15,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import pandas as pd
 import sqlalchemy as sa
 from pydantic import PrivateAttr
 
@@ -32,6 +31,10 @@ from resources.source_schema import (
     services,
     unique_ids,
 )
+
+if TYPE_CHECKING:
+    # Frames are made in read_frame_from: the code location loads without pandas.
+    import pandas as pd
 
 
 def update_and_log(
