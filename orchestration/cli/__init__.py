@@ -91,15 +91,15 @@ def tasks_cmd(as_json: bool) -> None:
 @click.argument("task")
 @click.option(
     "--operator",
-    default=None,
-    help="Who launches (default: you; with an allow-list only an admin may name someone else).",
+    required=True,
+    help="Who launches: you (with an allow-list only an admin may name someone else).",
 )
 @click.option("--reason", required=True, help="Why the run is launched.")
 @click.option("--request-id", default=None, help="Idempotency key (default: a new UUID).")
 @json_option
 @handle_errors
 def launch_cmd(
-    task: str, operator: str | None, reason: str, request_id: str | None, as_json: bool
+    task: str, operator: str, reason: str, request_id: str | None, as_json: bool
 ) -> None:
     """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
     # Imported when this command runs, so the other commands do not load it.
@@ -114,7 +114,7 @@ def launch_cmd(
     # Who launches (identity from the environment with an allow-list), then roles:
     # launching needs `retrier`; a refusal is audited. (An empty --operator is left to
     # launch_manual: invalid input, exit 2.)
-    if operator is None or operator.strip():
+    if operator.strip():
         operators = load_operators()
         operator = acting_operator(ledger, operators, operator, action="launch")
         require_role(ledger, operators, operator, ROLE_RETRIER, action="launch")

@@ -451,8 +451,8 @@ def _show_text(entry: Entry, data: dict[str, Any]) -> str:
 @click.argument("entry_id")
 @click.option(
     "--operator",
-    default=None,
-    help="Who retries (default: you; with an allow-list only an admin may name someone else).",
+    required=True,
+    help="Who retries: you (with an allow-list only an admin may name someone else).",
 )
 @click.option("--reason", required=True, help="Why (recorded in the audit).")
 @click.option(
@@ -463,7 +463,7 @@ def _show_text(entry: Entry, data: dict[str, Any]) -> str:
 @json_option
 @handle_errors
 def retry_cmd(
-    entry_id: str, operator: str | None, reason: str, acknowledge_side_effects: bool, as_json: bool
+    entry_id: str, operator: str, reason: str, acknowledge_side_effects: bool, as_json: bool
 ) -> None:
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
 
@@ -473,8 +473,7 @@ def retry_cmd(
     from orchestration.tasks import TASKS
 
     entry_no = parse_entry_id(entry_id)
-    if operator is not None:
-        _operator(operator)  # a malformed name is exit 2 before anything is read
+    _operator(operator)  # a malformed name is exit 2 before anything is read
     try:
         reason = check_reason(reason, "why the entry is retried")
     except ValueError as exc:

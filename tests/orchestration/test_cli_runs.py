@@ -567,9 +567,9 @@ def test_with_an_allow_list_you_act_as_yourself_not_as_the_name_you_type(team: C
     carol = replace(team, as_named=False, identity="carol")  # a viewer
     assert CHECK_IDENTITY in carol.error("summary", "--operator", "alice", code=3)
     assert count_rows(team.url) == 1
-    # Without --operator you are yourself: carol may look, and may still not retry.
+    # Without --operator (or naming yourself) you are yourself: carol may look, not retry.
     assert carol.json("runs", "show", str(parent.id))["id"] == parent.id
-    assert f"rule {CHECK_ROLE_RETRIER}" in carol.error(*retry, code=3)
+    assert f"rule {CHECK_ROLE_RETRIER}" in carol.error(*retry, "--operator", "carol", code=3)
     assert team.ledger.audit_for(parent.id)[-1]["operator"] == "carol"
 
 
