@@ -51,10 +51,15 @@ class Prepared:
     for this engine's dialect; only the per-call wrapping is skipped. Used for psycopg2
     only, whose native adaptation of these parameter and result types (str, int, naive
     datetime, jsonb) is exactly what SQLAlchemy would send and return for them.
+
+    The statement's constants (statuses, NULLs, the attempt increment) are rendered into
+    the SQL here, once, as the dialect renders literals; psycopg2 interpolates parameters
+    on the client, so the server receives the same text, and a call adapts only its own
+    values. ``columns`` names the RETURNING columns, in order (empty without RETURNING).
     """
 
     sql: str
-    constants: dict[str, Any]
+    columns: tuple[str, ...]
 
 
 def prepare(engine: Engine, sql: Statements) -> dict[str, Prepared] | None:
@@ -62,9 +67,21 @@ def prepare(engine: Engine, sql: Statements) -> dict[str, Prepared] | None:
         return None
     prepared = {}
     for name in HOT_PATH:
-        compiled = getattr(sql, name).compile(dialect=engine.dialect)
-        constants = {k: v for k, v in compiled.params.items() if not k.startswith("b_")}
-        prepared[name] = Prepared(sql=compiled.string, constants=constants)
+        statement = getattr(sql, name)
+        compiled = statement.compile(dialect=engine.dialect)
+        text = compiled.string
+        for key, value in compiled.params.items():
+            if key.startswith("b_"):
+                continue  # a per-call value
+            literal = sa.literal(value, type_=compiled.binds[key].type).compile(
+                dialect=engine.dialect, compile_kwargs={"literal_binds": True}
+            )
+            placeholder = f"%({key})s"
+            if placeholder not in text:  # pragma: no cover - a dialect change would show here
+                raise AssertionError(f"hot-path statement {name}: no {placeholder} in {text}")
+            text = text.replace(placeholder, str(literal).replace("%", "%%"))
+        columns = tuple(c.key for c in statement.exported_columns)
+        prepared[name] = Prepared(sql=text, columns=columns)
     return prepared
 
 
@@ -79,8 +96,9 @@ class Runtime:
     sql: Statements
     sqlite: bool
     prepared: dict[str, Prepared] | None
-    # Hot-path connections kept checked out of the pool between calls (see _hot_prepared).
-    idle: deque[Any] = field(default_factory=deque)
+    # Hot-path (connection, cursor) pairs kept checked out of the pool between calls
+    # (see _hot_prepared).
+    idle: deque[tuple[Any, Any]] = field(default_factory=deque)
     # After a fork: the parent's runtime, kept referenced so that its connections (shared
     # sockets) are never closed or used from this process.
     inherited: Runtime | None = None
@@ -88,9 +106,11 @@ class Runtime:
     def close_idle(self, invalidate: BaseException | None = None) -> None:
         while self.idle:
             try:
-                pooled = self.idle.pop()
+                pooled, cursor = self.idle.pop()
             except IndexError:  # another thread took the last one
                 return
+            with contextlib.suppress(Exception):  # a dead connection's cursor
+                cursor.close()
             if invalidate is not None:
                 pooled.invalidate(invalidate)
             pooled.close()
@@ -136,35 +156,22 @@ class Runtime:
             raise self.error(exc) from exc
 
     def _hot_prepared(self, prepared: Prepared, params: dict[str, Any], returning: bool) -> Any:
-        # A connection kept from the previous call if there is one: a pool checkout and
-        # check-in cost about as much client CPU as the statement itself (bench).
+        # A connection (and its cursor) kept from the previous call if there is one: a pool
+        # checkout and check-in cost about as much client CPU as the statement itself (bench).
         try:
-            pooled = self.idle.pop()
+            pooled, cursor = self.idle.pop()
         except IndexError:
-            try:
-                pooled = self.engine.raw_connection()
-            except sa.exc.DBAPIError as exc:
-                raise self.error(exc) from exc
+            pooled, cursor = self._hot_connection()
         result: Any = None
         done = False
         try:
-            driver_connection: Any = pooled.driver_connection
-            if not driver_connection.autocommit:
-                # The engine is autocommit and the pool resets connections to it on return;
-                # this only guards against a statement being left in an open transaction.
-                driver_connection.autocommit = True
-            cursor = pooled.cursor()
-            try:
-                cursor.execute(prepared.sql, {**prepared.constants, **params})
-                if not returning:
-                    result = cursor.rowcount
-                else:
-                    row = cursor.fetchone()
-                    if row is not None:
-                        names = [d[0] for d in cursor.description]
-                        result = dict(zip(names, row, strict=True))
-            finally:
-                cursor.close()
+            cursor.execute(prepared.sql, params)
+            if not returning:
+                result = cursor.rowcount
+            else:
+                row = cursor.fetchone()
+                if row is not None:
+                    result = dict(zip(prepared.columns, row, strict=True))
             done = True
         except self.engine.dialect.loaded_dbapi.Error as exc:
             if self.engine.dialect.is_disconnect(exc, pooled.dbapi_connection, None):
@@ -179,10 +186,29 @@ class Runtime:
             # Keep a healthy connection for the next call (a few per process at most, so
             # the pool keeps room for transactions); anything else goes back to the pool.
             if done and len(self.idle) < _HOT_IDLE_MAX:
-                self.idle.append(pooled)
+                self.idle.append((pooled, cursor))
             else:
+                with contextlib.suppress(Exception):  # a dead connection's cursor
+                    cursor.close()
                 pooled.close()
         return result
+
+    def _hot_connection(self) -> tuple[Any, Any]:
+        """A pooled DBAPI connection in autocommit, with the cursor the hot path reuses."""
+        try:
+            pooled = self.engine.raw_connection()
+        except sa.exc.DBAPIError as exc:
+            raise self.error(exc) from exc
+        try:
+            driver_connection: Any = pooled.driver_connection
+            if not driver_connection.autocommit:
+                # The engine is autocommit and the pool resets connections to it on return;
+                # this only guards against a statement being left in an open transaction.
+                driver_connection.autocommit = True
+            return pooled, pooled.cursor()
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            pooled.invalidate(exc)
+            raise self.error(exc) from exc
 
     def error(self, exc: Exception) -> LedgerError:
         """A LedgerError for a database error (SQLAlchemy-wrapped or raw DBAPI)."""

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from resources.core import tags
 from resources.core.checks import require_aware, require_text
@@ -49,11 +49,19 @@ def truncate_error(error: str) -> str:
     return text[: MAX_ERROR_CHARS - len(marker)] + marker
 
 
+# Both conversions run several times per ledger call (the claim hot path: 2 in, 8 out), so
+# they attach or drop the tzinfo with datetime.combine: on CPython 3.11 it costs a fifth of
+# dt.replace(tzinfo=...), whose keyword parsing dominated them (bench/ledger_claims.py).
+# Same value, same fold; combine() takes only the date part of its first argument.
+
+
 def to_db(dt: datetime | None, name: str) -> datetime | None:
     """Aware datetime -> naive UTC for storage."""
     if dt is None:
         return None
-    return require_aware(dt, name).astimezone(UTC).replace(tzinfo=None)
+    if type(dt) is not datetime or dt.tzinfo is not UTC:  # else UTC already (internal stamps)
+        dt = require_aware(dt, name).astimezone(UTC)
+    return datetime.combine(dt, dt.time())
 
 
 def db_values(changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,7 +79,7 @@ def db_values(changes: Mapping[str, Any]) -> dict[str, Any]:
 
 def from_db(dt: datetime | None) -> datetime | None:
     """Stored naive UTC -> aware UTC."""
-    return None if dt is None else dt.replace(tzinfo=UTC)
+    return None if dt is None else datetime.combine(dt, dt.time(), UTC)
 
 
 def with_summary_lists(raw: object) -> dict[str, Any]:
@@ -233,8 +241,11 @@ def check_run_id(run_id: object) -> str:
     return text
 
 
+_NO_TIME: Final = timedelta(0)
+
+
 def check_ttl(lease_ttl: object) -> timedelta:
-    if not isinstance(lease_ttl, timedelta) or lease_ttl <= timedelta(0):
+    if not isinstance(lease_ttl, timedelta) or lease_ttl <= _NO_TIME:
         raise ValueError(f"lease_ttl must be a positive timedelta, got {lease_ttl!r}")
     return lease_ttl
 
