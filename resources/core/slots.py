@@ -6,6 +6,7 @@ about, so schedules, sensors, the CLI and the tests all agree on the same arithm
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -109,6 +110,7 @@ def _min_gap_minutes(instants: list[datetime]) -> int | None:
     return min(gaps) if gaps else None
 
 
+@functools.cache  # pure; task validation and the task views both ask (600 croniter steps each)
 def cron_cadence(cron: str, timezone: str = "UTC") -> Cadence:
     """The finest interval between consecutive fires of ``cron`` (its declared cadence)."""
     tz = ZoneInfo(timezone)
@@ -123,6 +125,7 @@ def cron_cadence(cron: str, timezone: str = "UTC") -> Cadence:
     return Cadence(gap if gap is not None else 525_600)
 
 
+@functools.cache  # pure, like cron_cadence
 def cron_effective_cadence(cron: str, slot_minutes: int, timezone: str = "UTC") -> Cadence:
     """The finest interval between distinct dues once fires are floored to the slot."""
     tz = ZoneInfo(timezone)
