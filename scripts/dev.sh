@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# README command #1: from a fresh machine with only python3 + bash to `dagster dev`.
-#   ./scripts/dev.sh [dagster dev args...]      e.g. ./scripts/dev.sh -p 3001 -h 0.0.0.0
+# README command #1: from a fresh machine with only python3 + bash to `dg dev`.
+#   ./scripts/dev.sh [dg dev args...]      e.g. ./scripts/dev.sh -p 3001 -h 0.0.0.0
 # Bootstraps uv if missing, installs the locked environment (uv.lock) into .venv, points
 # DAGSTER_HOME at <repo>/.dagster_home (seeded with dagster.yaml.local), generates sample
-# data once, then execs `dagster dev -w workspace.yaml`.
+# data once, then execs `dg dev`: Dagster's local start (`dagster dev` now warns that it
+# is superseded by it), loading the code location that [tool.dg] in pyproject.toml names
+# (orchestration.definitions as "dueledger", the same as workspace.yaml).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,5 +34,5 @@ elif [ ! -e "$DAGSTER_HOME/dueledger_source.sqlite" ]; then
   "${UV[@]}" run --frozen dueledger sample-data
 fi
 
-echo "==> dagster dev (DAGSTER_HOME=$DAGSTER_HOME)" >&2
-exec "${UV[@]}" run --frozen dagster dev -w workspace.yaml "$@"
+echo "==> dg dev (DAGSTER_HOME=$DAGSTER_HOME)" >&2
+exec "${UV[@]}" run --frozen dg dev "$@"

@@ -1,7 +1,9 @@
-"""`dagster dev` really starts this code location: GraphQL answers, schedules are there.
+"""`dg dev`, what `scripts/dev.sh` runs, really starts this code location: GraphQL answers,
+schedules are there.
 
-Starts the real webserver + daemon on a free loopback port with a throwaway
-DAGSTER_HOME seeded from the project's dagster.yaml, and stops the whole process group
+Starts the venv's `dg dev` from the project root (so `[tool.dg]` in pyproject.toml picks the
+code location, as for the user) — the real webserver + daemon on a free loopback port with
+a throwaway DAGSTER_HOME seeded from the project's dagster.yaml, and stops the whole process group
 by PID (SIGTERM, then SIGKILL) so no server outlives the test.
 """
 
@@ -60,16 +62,13 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
     home.mkdir()
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml.local", home / "dagster.yaml")
     port = _free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
-    log = (tmp_path / "dagster-dev.log").open("wb")
+    # VIRTUAL_ENV as `uv run` (scripts/dev.sh) sets it.
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIRTUAL_ENV": sys.prefix}
+    log = (tmp_path / "dg-dev.log").open("wb")
     proc = start_group(
         [
-            sys.executable,
-            "-m",
-            "dagster",
+            str(Path(sys.executable).parent / "dg"),
             "dev",
-            "-w",
-            str(PROJECT_ROOT / "workspace.yaml"),
             "-h",
             "127.0.0.1",
             "-p",
@@ -83,7 +82,7 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
         deadline = time.monotonic() + 180
         payload: dict | None = None
         while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "dagster-dev.log").read_text()[-3000:]
+            assert proc.poll() is None, (tmp_path / "dg-dev.log").read_text()[-3000:]
             try:
                 payload = _graphql(port, QUERY)
                 nodes = payload["data"]["repositoriesOrError"].get("nodes") or []
@@ -92,7 +91,7 @@ def test_dagster_dev_serves_the_code_location_and_its_schedules(tmp_path: Path):
             except OSError:
                 pass
             time.sleep(1)
-        assert payload is not None, "dagster dev did not answer GraphQL within 180 s"
+        assert payload is not None, "dg dev did not answer GraphQL within 180 s"
         assert payload["data"]["version"]
         (repo,) = payload["data"]["repositoriesOrError"]["nodes"]
         assert repo["location"]["name"] == "dueledger"
