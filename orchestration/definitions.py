@@ -12,6 +12,7 @@ from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import build_resources, task_views
+from orchestration.checks import build_task_checks
 from orchestration.factory import build_task_definitions
 from orchestration.hooks import Hooks
 from resources.core.settings import load_settings
@@ -20,11 +21,13 @@ from sensors import SENSORS
 _settings = load_settings()
 # The code location's plugin hooks, built once; listeners load on first use, not here.
 _hooks = Hooks.from_environment()
-_jobs, _schedules = build_task_definitions(task_views(_settings), hooks=_hooks)
+_views = task_views(_settings)
+_jobs, _schedules = build_task_definitions(_views, hooks=_hooks)
 _task_assets = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
 
 defs = dg.Definitions(
     assets=[task.build(_hooks) for task in _task_assets],
+    asset_checks=build_task_checks(_views),
     jobs=_jobs,
     schedules=_schedules,
     sensors=SENSORS,

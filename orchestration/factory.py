@@ -67,7 +67,9 @@ def build_task_job(view: TaskView) -> dg.UnresolvedAssetJobDefinition:
     """The task's job: materializes the task's asset, tagged for the ledger and queue."""
     return dg.define_asset_job(
         name=view.spec.job_name,
-        selection=dg.AssetSelection.assets(view.spec.asset),
+        # The asset alone: its ledger check (orchestration/checks.py) is reported by a sensor
+        # and is not a step of the task's run.
+        selection=dg.AssetSelection.assets(view.spec.asset).without_checks(),
         description=_description(view),
         run_tags=job_run_tags(view),
         metadata=_metadata(view),

@@ -1,5 +1,6 @@
 """``slot_health_sensor``: once per slot, one warning listing reclaims, dispatch failures,
-missed dues and queue backlog — nothing when all is well.
+missed dues and queue backlog — nothing when all is well; and every task asset's
+``latest_due_accounted_for`` check (orchestration/checks.py), reported without a run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.registry import TaskView
+from orchestration.services.accounting import account_latest_due, check_evaluation
 from orchestration.services.alerts import Clock, emit_alert, iso, utc_now
 from orchestration.services.audit import TaskAudit, audit_tasks
 from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
@@ -181,12 +183,20 @@ def build_slot_health_sensor(
         since = last_at if last_at is not None else now - SUMMARY_WINDOW
         health = slot_health(ledger, views, now, since, instance=context.instance)
         cursor = json.dumps({"slot": format_due(slot), "at": now.astimezone(UTC).isoformat()})
+        # Every task asset's latest_due_accounted_for check, as of this slot's start.
+        checks = [
+            check_evaluation(account_latest_due(v, ledger, now, instance=context.instance))
+            for v in views
+        ]
         if health.healthy:
-            return dg.SensorResult(skip_reason=f"slot {format_due(slot)}: healthy", cursor=cursor)
+            return dg.SensorResult(
+                skip_reason=f"slot {format_due(slot)}: healthy", cursor=cursor, asset_events=checks
+            )
         emit_alert(context.log, "slot_health", **health.alert_fields())
         return dg.SensorResult(
             skip_reason=f"slot {format_due(slot)}: problems reported (see the warning)",
             cursor=cursor,
+            asset_events=checks,
         )
 
     return slot_health_sensor

@@ -1,0 +1,196 @@
+"""Is a task's latest due accounted for? The ledger's answer, for the asset check of every
+task asset (``latest_due_accounted_for``, orchestration/checks.py).
+
+The due looked at is the task's latest due whose slot is over: by then its run should have
+succeeded. It is accounted for when its entry is ``success`` (or a manual retry of it
+succeeded), or while its run is still at work with a live lease. Otherwise the check fails
+and says why: no run was created (a missed due), the run failed before claiming
+(``dispatch_failed``), the entry failed, its lease expired, or its run is still waiting in
+Dagster's queue after its slot. Read-only: nothing is launched or changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import dagster as dg
+
+from orchestration.registry import TaskView
+from orchestration.services.audit import expected_dues
+from orchestration.services.summary import first_line
+from resources.core import tags as t
+from resources.core.due import Due, floor_to_slot
+from resources.ledger import Entry, RunLedger
+
+CHECK_NAME: Final = "latest_due_accounted_for"
+#: How far back the latest due is looked for: twice the task's cadence, at most 8 days.
+_MAX_LOOKBACK: Final = timedelta(days=8)
+
+STATE_NO_DUE: Final = "no_due_yet"
+STATE_NEW: Final = "not_running_here_yet"
+STATE_SUCCESS: Final = "success"
+STATE_RUNNING: Final = "running"
+STATE_MISSED: Final = "missed"
+STATE_QUEUED: Final = "queued_after_its_slot"
+STATE_FAILED: Final = "failed"
+STATE_DISPATCH_FAILED: Final = "dispatch_failed"
+STATE_STALE_LEASE: Final = "stale_lease"
+
+
+@dataclass(frozen=True)
+class DueAccount:
+    """The answer for one task: its latest finished-slot due, and whether it is accounted for."""
+
+    task_key: str
+    asset: str
+    due: Due | None
+    state: str
+    passed: bool
+    detail: str
+    entry_id: int | None = None
+    #: A failure that still resolves itself (a queued run) is a warning, not an error.
+    warning: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "task": self.task_key,
+            "due": self.due.text if self.due else None,
+            "state": self.state,
+            "entry_id": self.entry_id,
+        }
+
+
+def latest_finished_due(view: TaskView, now: datetime) -> Due | None:
+    """The task's latest due before the start of ``now``'s slot (None: none in the lookback)."""
+    end = floor_to_slot(now, view.slot_minutes)
+    lookback = min(_MAX_LOOKBACK, timedelta(minutes=2 * view.effective.minutes + view.slot_minutes))
+    dues = expected_dues(view, end - lookback, end)
+    return Due(dues[-1]) if dues else None
+
+
+def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
+    """A manual retry of ``entry`` (or of its retries) that succeeded."""
+    pending = [entry]
+    while pending:
+        for child in ledger.children(pending.pop().id):
+            if child.status == t.STATUS_SUCCESS:
+                return child
+            pending.append(child)
+    return None
+
+
+def account_latest_due(
+    view: TaskView,
+    ledger: RunLedger,
+    now: datetime,
+    *,
+    instance: dg.DagsterInstance | None = None,
+) -> DueAccount:
+    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``."""
+    spec = view.spec
+    due = latest_finished_due(view, now)
+
+    def answer(state: str, passed: bool, detail: str, entry: Entry | None = None, **kw: Any):
+        entry_id = entry.id if entry is not None else None
+        return DueAccount(spec.key, spec.asset, due, state, passed, detail, entry_id, **kw)
+
+    if due is None:
+        return answer(STATE_NO_DUE, True, "no due of this task has a finished slot yet")
+    entry = ledger.find(spec.key, due.key)
+    if entry is None:
+        if not _ran_before(view, ledger, instance, due):
+            # A fresh deployment (or a new task): the slot before the first one it saw is
+            # not a missed due, as for the gap audit.
+            return answer(STATE_NEW, True, f"due {due}: no run of this task before it here")
+        return _without_entry(view, due, instance, answer)
+    if entry.status == t.STATUS_SUCCESS:
+        return answer(STATE_SUCCESS, True, f"due {due} succeeded (entry {entry.id})", entry)
+    if entry.status in (t.STATUS_QUEUED, t.STATUS_RETRYING, t.STATUS_RUNNING):
+        expires = entry.lease_expires_at
+        if entry.status == t.STATUS_RUNNING and expires is not None and expires < now:
+            return answer(
+                STATE_STALE_LEASE,
+                False,
+                f"due {due}: entry {entry.id} is running under run {entry.lease_owner} whose "
+                f"lease expired at {expires:%Y-%m-%dT%H:%M:%SZ}; lease_reclaim_sensor fails it",
+                entry,
+            )
+        return answer(STATE_RUNNING, True, f"due {due}: entry {entry.id} is {entry.status}", entry)
+    retried = _retried_success(ledger, entry)
+    if retried is not None:
+        return answer(
+            STATE_SUCCESS,
+            True,
+            f"due {due}: entry {entry.id} {entry.status}, its manual retry {retried.id} succeeded",
+            entry,
+        )
+    state = STATE_DISPATCH_FAILED if entry.status == t.STATUS_DISPATCH_FAILED else STATE_FAILED
+    kind = f" ({entry.failure_kind})" if entry.failure_kind else ""
+    return answer(
+        state,
+        False,
+        f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}; "
+        f"`dueledger runs show {entry.id}`",
+        entry,
+    )
+
+
+def _ran_before(
+    view: TaskView, ledger: RunLedger, instance: dg.DagsterInstance | None, due: Due
+) -> bool:
+    """Whether anything of the task happened here before ``due``: an entry or a tagged run."""
+    page, _ = ledger.list_entries(task_key=view.spec.key, until=due.at, limit=1)
+    if page:
+        return True
+    if instance is None:
+        return False
+    return bool(
+        instance.get_run_records(
+            filters=dg.RunsFilter(tags={t.TAG_TASK: view.spec.key}, created_before=due.at),
+            limit=1,
+        )
+    )
+
+
+def _without_entry(view: TaskView, due: Due, instance: dg.DagsterInstance | None, answer: Any):
+    """No entry: a run may still wait in Dagster's queue (entries are made when runs start)."""
+    if instance is not None:
+        runs = instance.get_runs(
+            filters=dg.RunsFilter(tags={t.TAG_TASK: view.spec.key, t.TAG_DUE: due.text}), limit=5
+        )
+        waiting = [r for r in runs if not r.is_finished]
+        if waiting:
+            return answer(
+                STATE_QUEUED,
+                False,
+                f"due {due}: run {waiting[0].run_id} is {waiting[0].status.value} after its slot "
+                f"ended (the task's pool or the run queue holds it)",
+                warning=True,
+            )
+        if runs:
+            return answer(
+                STATE_DISPATCH_FAILED,
+                False,
+                f"due {due}: run {runs[0].run_id} ended {runs[0].status.value} before it "
+                f"reached the ledger",
+            )
+    return answer(
+        STATE_MISSED,
+        False,
+        f"due {due} was missed: no run was created for it (daemon down, schedule stopped or a "
+        f"plugin denied it); `dueledger summary` lists missed dues",
+    )
+
+
+def check_evaluation(account: DueAccount) -> dg.AssetCheckEvaluation:
+    """The account as an asset check evaluation a sensor reports (no run needed)."""
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(account.asset),
+        check_name=CHECK_NAME,
+        passed=account.passed,
+        metadata=account.metadata(),
+        severity=dg.AssetCheckSeverity.WARN if account.warning else dg.AssetCheckSeverity.ERROR,
+        description=account.detail,
+    )
