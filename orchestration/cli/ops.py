@@ -1,8 +1,8 @@
 """`dueledger reclaim` and `dueledger liveness`: operations without the Dagster UI.
 
 - ``reclaim [--dry-run]``: what ``lease_reclaim_sensor`` does, for deployments without the
-  daemon (or to act now): expired leases -> ``failed`` / ``lease_reclaimed``; one
-  structured alert line per reclaim; never a new run.
+  daemon (or to act now): expired leases -> ``failed`` / ``lease_reclaimed``, stranded
+  launches -> ``dispatch_failed``; one structured alert line per entry; never a new run.
 - ``liveness [--max-age-seconds N]``: exit 0 when the daemon's scheduler heartbeat and the
   latest slot evaluation are fresh, 1 when either is stale (named), for system cron or a
   Kubernetes probe.
@@ -34,12 +34,15 @@ from resources.core.errors import InvalidInput
 def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     """Fail running entries whose lease expired (lease_reclaimed); never re-run them."""
     # Imported when this command runs, so the other commands do not load it.
+    from orchestration.services import stranded as strand
     from orchestration.services.alerts import alert_line
     from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
 
     ledger = open_ledger(local_settings())
     now = datetime.now(UTC)
     reclaims = reclaim_leases(ledger, now, dry_run=dry_run)
+    with dagster_instance() as instance:
+        stranded = strand.sweep_stranded(ledger, instance, now, dry_run=dry_run)
     if as_json:
         print_json(
             {
@@ -47,14 +50,20 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
                 "now": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "count": len(reclaims),
                 "reclaims": [r.as_json() for r in reclaims],
+                "stranded": [s.as_json() for s in stranded],
             }
         )
         return
+    suffix = "" if not dry_run else "_dry_run"
     for item in reclaims:
-        kind = ALERT_KIND if not dry_run else f"{ALERT_KIND}_dry_run"
-        click.echo(alert_line(kind, **item.as_json()))
+        click.echo(alert_line(f"{ALERT_KIND}{suffix}", **item.as_json()))
+    for swept in stranded:
+        click.echo(alert_line(f"{strand.ALERT_KIND}{suffix}", **swept.as_json()))
     verb = "would reclaim" if dry_run else "reclaimed"
     click.echo(f"{verb} {len(reclaims)} expired lease(s)", err=bool(reclaims))
+    if stranded:
+        verb = "would record" if dry_run else "recorded"
+        click.echo(f"{verb} {len(stranded)} stranded launch(es) as dispatch_failed", err=True)
 
 
 _MAX_AGE_SECONDS = 366 * 24 * 3600

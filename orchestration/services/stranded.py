@@ -7,7 +7,8 @@ start. This sweep finds such entries -- ``manual`` and ``retry`` origins, ``queu
 id, older than :data:`STRANDED_AFTER`, and no Dagster run launched for them -- and records
 each as a launch failure (``dispatch_failed``, kind ``dispatch``), with the command that
 re-dispatches it. It never launches a run itself: an operator asked for that run, and asks
-again. It runs on every tick of ``lease_reclaim_sensor`` (sensors/reclaim.py).
+again. It runs on every tick of ``lease_reclaim_sensor`` (sensors/reclaim.py) and in
+`dueledger reclaim` (deployments without the daemon).
 """
 
 from __future__ import annotations
@@ -89,14 +90,18 @@ def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
 
 
 def sweep_stranded(
-    ledger: RunLedger, instance: dg.DagsterInstance, now: datetime
+    ledger: RunLedger, instance: dg.DagsterInstance, now: datetime, *, dry_run: bool = False
 ) -> list[Stranded]:
-    """Record every stranded launch as ``dispatch_failed``; returns what was recorded."""
+    """Record every stranded launch as ``dispatch_failed``; returns what was recorded (with
+    ``dry_run``: what would be, unchanged)."""
     swept: list[Stranded] = []
     for entry in stranded_candidates(ledger, now):
         if _has_run(instance, entry):
             continue
         redo = _redo(entry)
+        if dry_run:
+            swept.append(Stranded(entry, redo))
+            continue
         waited = int((now - entry.created_at).total_seconds() // 60)
         after = ledger.record_dispatch_failure(
             entry.id,

@@ -5,12 +5,15 @@ with the command that re-dispatches it; entries that have a run, or are young, a
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import dagster as dg
+from click.testing import CliRunner
 from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, target, utc_now
 
+from orchestration.cli import main
 from orchestration.services.launch import manual_run_id
 from orchestration.services.stranded import STRANDED_AFTER
 from resources.core import tags as t
@@ -91,3 +94,21 @@ def test_a_launch_whose_run_was_never_created_is_recorded_with_its_redo(
         again = {e.id: e for e in ledger_env.entries(TASK)}
         assert again[lost.id].summary == after[lost.id].summary
         assert again[child.id].summary == after[child.id].summary
+
+
+def test_dueledger_reclaim_sweeps_them_too_and_dry_run_changes_nothing(
+    ledger_env: LedgerEnv,
+) -> None:
+    """Deployments without the daemon: the CLI runs the same sweep."""
+    lost = _manual(ledger_env, "req-cli", STRANDED_AFTER + timedelta(minutes=1))
+    dry = CliRunner().invoke(main, ["reclaim", "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    (item,) = json.loads(dry.stdout)["stranded"]
+    assert (item["entry_id"], item["dedup_key"]) == (lost.id, "manual:req-cli")
+    assert ledger_env.ledger.get(lost.id).status == t.STATUS_QUEUED  # type: ignore[union-attr]
+    done = CliRunner().invoke(main, ["reclaim", "--json"])
+    assert done.exit_code == 0, done.output
+    assert [s["entry_id"] for s in json.loads(done.stdout)["stranded"]] == [lost.id]
+    assert ledger_env.ledger.get(lost.id).status == t.STATUS_DISPATCH_FAILED  # type: ignore[union-attr]
+    again = CliRunner().invoke(main, ["reclaim", "--json"])
+    assert json.loads(again.stdout)["stranded"] == []
