@@ -156,7 +156,7 @@ def test_a_backfill_of_today_is_not_computed_ahead_of_time(stores):
 
 
 def test_the_schedule_requests_the_partition_of_its_dues_day():
-    schedule = defs.get_schedule_def("billing_maintenance_schedule")
+    schedule = defs.resolve_schedule_def("billing_maintenance_schedule")
     with dg.instance_for_test() as instance:
         context = dg.build_schedule_context(
             instance=instance,

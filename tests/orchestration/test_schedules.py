@@ -14,7 +14,7 @@ MIDNIGHT = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 
 
 def _evaluate(name: str, when: datetime, instance: dg.DagsterInstance):
-    schedule = defs.get_schedule_def(name)
+    schedule = defs.resolve_schedule_def(name)
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
     return schedule.evaluate_tick(context)
 
@@ -51,7 +51,7 @@ def test_run_key_equals_the_due_tag_and_the_slot_start(name, instance):
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_the_next_due_gives_a_different_run_key(name, instance):
-    schedule = defs.get_schedule_def(name)
+    schedule = defs.resolve_schedule_def(name)
     # The next fire of this schedule after midnight, whatever its cadence.
     from croniter import croniter
 
@@ -76,13 +76,13 @@ def test_evaluation_does_not_depend_on_the_wall_clock(name, instance):
 
 def test_schedules_are_running_by_default():
     for name in SCHEDULES:
-        assert defs.get_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
+        assert defs.resolve_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
 
 
 def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance, monkeypatch):
     # context.log opens a compute-log stream (an upload per tick with a cloud compute-log
     # manager); with nothing to log a plain tick must not touch it.
-    schedule = defs.get_schedule_def("order_cleanup_schedule")  # due every slot
+    schedule = defs.resolve_schedule_def("order_cleanup_schedule")  # due every slot
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=MIDNIGHT)
 
     def opened(self):
