@@ -37,17 +37,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,8 @@ import _paths  # first: puts the project and tests/ on sys.path
 import dagster as dg
 import yaml
 from dagster_graphql import DagsterGraphQLClient
+from idle import location_loaded, wait_out_slot_boundary  # same start-up and slot rules
+from pg_server import free_port  # tests/pg_server.py
 from processes import start_group, stop_group  # tests/processes.py
 from run import KIND_CHECK, Row, write_json
 
@@ -65,7 +65,6 @@ AREA = "queue drain"
 BARE = "bare"
 TARGET_RATIO = 0.85
 SLOT_MINUTES = 1440  # schedules fire at midnight only
-QUERY = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }"
 BENCH_TAG = "dueledger-bench/drain"
 TAG_TASK = "dueledger/task"  # resources.core.tags.TAG_TASK, read from the project's copy
 
@@ -118,39 +117,9 @@ class Drain:
         return 60.0 * self.runs / self.seconds if self.seconds > 0 else 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _loaded(port: int) -> bool:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": QUERY}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            payload = json.loads(response.read())
-    except (OSError, ValueError):
-        return False
-    nodes = (payload.get("data") or {}).get("repositoriesOrError", {}).get("nodes") or []
-    return bool(nodes)
-
-
 def _start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as fh:
         return start_group(cmd, cwd=cwd, env=env, log=fh)
-
-
-def wait_out_slot_boundary(need: timedelta, *, now: datetime | None = None) -> float:
-    """Seconds to wait so ``need`` from now does not reach a slot boundary (0: none)."""
-    now = now or datetime.now(UTC)
-    boundary = now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
-    if now + need < boundary:
-        return 0.0
-    return (boundary - now).total_seconds() + 5.0
 
 
 def instance_config(storage: dict[str, Any] | None) -> dict[str, Any]:
@@ -260,7 +229,7 @@ def measure(
     if workload.sample_data:
         cmd = [str(bin_dir / "dueledger"), "sample-data"]
         subprocess.run(cmd, cwd=workload.root, env=env, check=True, capture_output=True)
-    port = _free_port()
+    port = free_port()
     web = _start(
         [
             str(bin_dir / "dagster-webserver"),
@@ -277,7 +246,7 @@ def measure(
     )
     try:
         deadline = time.monotonic() + 600
-        while not _loaded(port):
+        while not location_loaded(port):
             if web.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
                     f"dagster-webserver on {workload.label} did not load: "

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import _paths  # first: puts the project and tests/ on sys.path
 
 # isort: split
 
+from pg_server import free_port  # tests/pg_server.py
 from processes import start_group, stop_group  # tests/processes.py
 from run import Row, write_json
 
@@ -125,13 +125,8 @@ def tree_cpu(leader: int) -> tuple[float, int]:
     return total / CLOCK_TICKS, count
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _loaded(port: int) -> bool:
+def location_loaded(port: int) -> bool:
+    """Whether the webserver on ``port`` lists a loaded repository."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
         data=json.dumps({"query": QUERY}).encode(),
@@ -167,7 +162,7 @@ def measure(target: Target, seconds: float, settle: float, work: Path) -> Sample
     shutil.copyfile(target.root / "dagster.yaml.local", home / "dagster.yaml")
     workspace = run_dir / "workspace.yaml"
     workspace.write_text(json.dumps(target.workspace))  # JSON is YAML
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(target.root)}
     env["DUELEDGER_SLOT_MINUTES"] = str(SLOT_MINUTES)
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(workspace)]
@@ -177,7 +172,7 @@ def measure(target: Target, seconds: float, settle: float, work: Path) -> Sample
         proc = start_group(cmd, cwd=target.root, env=env, log=log)
         try:
             deadline = time.monotonic() + 600
-            while not _loaded(port):
+            while not location_loaded(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"dagster dev on {target.label} did not load: "
