@@ -61,6 +61,7 @@ def order_cleanup(
         run.as_of,
         task_key=run.task_key,
         entry_key=run.entry_key,
+        guard=run.guard,
     )
     yield dg.MaterializeResult(
         metadata={
@@ -100,7 +101,12 @@ def service_lifecycle_maintenance(
     candidates = source.read_frame(candidate_services_query(run.as_of, policy))
     plan = plan_lifecycle(candidates, run.as_of, policy)
     counts = apply_lifecycle(
-        source.engine(), plan, run.as_of, task_key=run.task_key, entry_key=run.entry_key
+        source.engine(),
+        plan,
+        run.as_of,
+        task_key=run.task_key,
+        entry_key=run.entry_key,
+        guard=run.guard,
     )
     yield dg.MaterializeResult(
         metadata={

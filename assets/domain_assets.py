@@ -124,6 +124,7 @@ def billing_maintenance(
         at=run.as_of,
         task_key=run.task_key,
         entry_key=run.entry_key,
+        guard=run.guard,
     )
     counts = outcome_counts(outcomes)
     per_channel = outcome_counts(outcomes, by=("channel",))
@@ -189,7 +190,7 @@ def service_auto_renew(
         source.read_frame(query), source.read_frame(balances_query(query)), run.as_of, policy
     )
     result = apply_auto_renew(
-        engine, plan, run.as_of, task_key=run.task_key, entry_key=run.entry_key
+        engine, plan, run.as_of, task_key=run.task_key, entry_key=run.entry_key, guard=run.guard
     )
     counts = result["outcome"].value_counts()
     renewed = result.loc[result["outcome"] == OUTCOME_RENEWED]
@@ -279,6 +280,7 @@ def ticket_auto_close(
         policy,
         task_key=run.task_key,
         entry_key=run.entry_key,
+        guard=run.guard,
     )
     yield dg.MaterializeResult(
         metadata={
@@ -326,6 +328,7 @@ def log_archive(
                 run.as_of,
                 task_key=run.task_key,
                 entry_key=run.entry_key,
+                guard=run.guard,
                 entry_id=run.entry.id,
                 attempt=run.entry.attempt,
             )

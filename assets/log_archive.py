@@ -36,6 +36,8 @@ import pandas as pd
 import sqlalchemy as sa
 
 from assets.policies import ARCHIVE_FORMAT, ArchivePolicy
+from resources.core.fence import EffectGuard, FenceLost
+from resources.effects import effect_transaction
 from resources.idempotency import log_archives, notification_outbox
 from resources.source_schema import automation_log, chunks, naive_utc, read_frame_from
 
@@ -154,6 +156,7 @@ def archive_log(
     entry_key: str,
     entry_id: int,
     attempt: int,
+    guard: EffectGuard | None,
 ) -> list[dict[str, object]]:
     """Archive one log table (see the module docstring); return the manifest rows written."""
     table, time_col = log.table, log.table.c[log.time_column]
@@ -179,27 +182,32 @@ def archive_log(
         ids = frame["id"].to_numpy(dtype=np.int64)
         verify_archive(archive, ids)
         deleted = 0
-        with engine.begin() as conn:
-            for chunk in chunks([int(i) for i in ids]):
-                result = conn.execute(
-                    sa.delete(table).where(table.c.id.in_(chunk), time_col < cutoff)
-                )
-                deleted += int(result.rowcount or 0)
-            manifest: dict[str, object] = {
-                "table_name": table.name,
-                "path": str(archive.path),
-                "format": policy.format,
-                "rows": archive.rows,
-                "deleted": deleted,
-                "min_id": archive.min_id,
-                "max_id": archive.max_id,
-                "cutoff": cutoff,
-                "sha256": archive.sha256,
-                "created_at": at,
-                "task_key": task_key,
-                "entry_key": entry_key,
-            }
-            conn.execute(sa.insert(log_archives), [manifest])
+        try:
+            with effect_transaction(engine, guard, f"delete archived {table.name} rows") as conn:
+                for chunk in chunks([int(i) for i in ids]):
+                    result = conn.execute(
+                        sa.delete(table).where(table.c.id.in_(chunk), time_col < cutoff)
+                    )
+                    deleted += int(result.rowcount or 0)
+                manifest: dict[str, object] = {
+                    "table_name": table.name,
+                    "path": str(archive.path),
+                    "format": policy.format,
+                    "rows": archive.rows,
+                    "deleted": deleted,
+                    "min_id": archive.min_id,
+                    "max_id": archive.max_id,
+                    "cutoff": cutoff,
+                    "sha256": archive.sha256,
+                    "created_at": at,
+                    "task_key": task_key,
+                    "entry_key": entry_key,
+                }
+                conn.execute(sa.insert(log_archives), [manifest])
+        except FenceLost:
+            # The rows stay in the table; a file no manifest names would only mislead.
+            archive.path.unlink(missing_ok=True)
+            raise
         manifests.append(manifest)
         last_id = archive.max_id
         if len(frame) < policy.batch_rows:

@@ -14,6 +14,8 @@ from typing import Any, Final
 import pandas as pd
 import sqlalchemy as sa
 
+from resources.core.fence import EffectGuard
+from resources.effects import effect_transaction
 from resources.source_schema import (
     ORDER_CANCELLED,
     ORDER_PENDING,
@@ -95,6 +97,7 @@ def cancel_orders(
     *,
     task_key: str,
     entry_key: str,
+    guard: EffectGuard | None,
 ) -> int:
     """Cancel the given orders that are still pending; return how many were cancelled.
 
@@ -105,7 +108,7 @@ def cancel_orders(
     entry changes nothing.
     """
     at = naive_utc(as_of)
-    with engine.begin() as conn:
+    with effect_transaction(engine, guard, "cancel orders") as conn:
         changed = update_and_log(
             conn,
             orders,

@@ -30,6 +30,8 @@ import pandas as pd
 import sqlalchemy as sa
 
 from assets.policies import AutoRenewPolicy
+from resources.core.fence import EffectGuard
+from resources.effects import effect_transaction
 from resources.idempotency import (
     KEY_COLUMNS,
     claim_effects,
@@ -428,6 +430,7 @@ def apply_auto_renew(
     *,
     task_key: str,
     entry_key: str,
+    guard: EffectGuard | None,
     chunk_rows: int = APPLY_CHUNK_ROWS,
 ) -> pd.DataFrame:
     """Apply `plan` exactly once per (service, old expiry); return one row per planned
@@ -448,7 +451,7 @@ def apply_auto_renew(
     errors: dict[int, str] = {}
     for chunk in _customer_chunks(planned, chunk_rows):
         keys = _keys(chunk)
-        with engine.begin() as conn:
+        with effect_transaction(engine, guard, "auto-renew services") as conn:
             # The claim insert comes first: on SQLite it takes the write lock, so the reads
             # below see the state this transaction will change.
             classified = classify_effects(keys, read_effects(conn, keys))

@@ -14,6 +14,8 @@ from typing import Any, Final
 import pandas as pd
 import sqlalchemy as sa
 
+from resources.core.fence import EffectGuard
+from resources.effects import effect_transaction
 from resources.source_schema import (
     SERVICE_ACTIVE,
     SERVICE_SUSPENDED,
@@ -141,6 +143,7 @@ def apply_lifecycle(
     *,
     task_key: str,
     entry_key: str,
+    guard: EffectGuard | None,
 ) -> dict[str, int]:
     """Write `plan` back in one transaction; return `{"suspended": n, "terminated": m}`.
 
@@ -167,7 +170,7 @@ def apply_lifecycle(
         else services.c.suspended_at < at
     )
     counts = {"suspended": 0, "terminated": 0}
-    with engine.begin() as conn:
+    with effect_transaction(engine, guard, "suspend and terminate services") as conn:
         if not plan.to_terminate.empty:
             terminated = update_and_log(
                 conn,

@@ -14,6 +14,8 @@ import pandas as pd
 import sqlalchemy as sa
 
 from assets.policies import TicketAutoClosePolicy
+from resources.core.fence import EffectGuard
+from resources.effects import effect_transaction
 from resources.source_schema import (
     TICKET_CLOSED,
     TICKET_WAITING_CUSTOMER,
@@ -60,6 +62,7 @@ def close_tickets(
     *,
     task_key: str,
     entry_key: str,
+    guard: EffectGuard | None,
 ) -> list[int]:
     """Close the given tickets that still qualify; return the ids closed.
 
@@ -69,7 +72,7 @@ def close_tickets(
     """
     at = naive_utc(as_of)
     cutoff = at - policy.waiting
-    with engine.begin() as conn:
+    with effect_transaction(engine, guard, "close tickets") as conn:
         return update_and_log(
             conn,
             tickets,

@@ -38,6 +38,7 @@ from orchestration.services.alerts import emit_alert
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot, format_due
+from resources.core.fence import EffectGuard, FenceLost
 from resources.core.settings import load_settings
 from resources.ledger import (
     Entry,
@@ -46,6 +47,7 @@ from resources.ledger import (
     dedup_key_for_request,
     dedup_key_for_retry,
 )
+from resources.ledger.fence import LedgerGuard
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,9 @@ class TaskRun:
     as_of: datetime
     task_key: str
     reason: str | None = None
+    #: Checks the run's fence in every side effect's transaction (None when not claimed):
+    #: pass it to the domain's write functions (resources/effects.py).
+    guard: EffectGuard | None = None
 
     @property
     def entry_key(self) -> str:
@@ -615,10 +620,29 @@ def task_run(
     _mark_run(context, result.entry, refused=False)
     claimed = result.entry
     _record_creation_hooks(context, ledger, request, claimed)
+    fence = result.fence
+    assert fence is not None  # a claimed result names its owner
+    guard = LedgerGuard(ledger, fence)
     with _Heartbeat(ledger, entry.id, run_id, spec.lease_ttl) as beat:
         fire_task_event(context, ledger, hooks, TASK_BEFORE, claimed, as_of)
         try:
-            yield TaskRun(True, result.entry, as_of, spec.key)
+            yield TaskRun(True, result.entry, as_of, spec.key, guard=guard)
+        except FenceLost as lost:
+            # The entry moved on without this run (reclaimed while it was paused): not this
+            # run's failure to record, and no retry could claim it.
+            context.log.error(str(lost))
+            _no_dagster_retry(context)
+            fire_task_event(
+                context,
+                ledger,
+                hooks,
+                TASK_FAILED,
+                claimed,
+                as_of,
+                error=str(lost),
+                status=lost.state,
+            )
+            raise
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             after = ledger.fail(entry.id, run_id, error=error)

@@ -18,6 +18,12 @@ How a notification goes out (``dispatch_notifications``):
 
 A failed channel's row is ``failed`` while the other channels of the same reminder are
 ``succeeded``, so the next run retries that channel alone.
+
+Every transaction that claims or writes a notification is fenced by the run's claim
+(``resources/effects.py``): a run that lost its ledger entry writes no outbox row, and an
+external delivery is checked once more right before it starts (a refused delivery's claims
+are released as ``failed``, so a later run sends them). Settling a delivery that happened is
+never refused: it records the truth.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
+from resources.core.fence import EffectGuard, FenceLost
+from resources.effects import effect_transaction, verify_fence
 from resources.idempotency import (
     EFFECT_FAILED,
     EFFECT_IN_FLIGHT,
@@ -197,6 +205,7 @@ def dispatch_notifications(
     at: datetime,
     task_key: str,
     entry_key: str,
+    guard: EffectGuard | None,
     chunk_rows: int = DISPATCH_CHUNK_ROWS,
 ) -> pd.DataFrame:
     """Send each message at most once per idempotency key; return the outcome of each.
@@ -243,7 +252,7 @@ def dispatch_notifications(
         outbox_part = chunk.loc[~chunk["channel"].isin(external)]
         external_part = chunk.loc[chunk["channel"].isin(external)]
         if not outbox_part.empty:
-            with engine.begin() as conn:
+            with effect_transaction(engine, guard, "queue notifications") as conn:
                 claimed = claim_effects(
                     conn, outbox_part, at=at, task_key=task_key, entry_key=entry_key
                 )
@@ -264,13 +273,26 @@ def dispatch_notifications(
                 record(ready, OUTCOME_SENT)
         if not external_part.empty:
             # Commit the claim first: delivery cannot be rolled back.
-            with engine.begin() as conn:
+            with effect_transaction(engine, guard, "claim notifications to deliver") as conn:
                 claimed = claim_effects(
                     conn, external_part, at=at, task_key=task_key, entry_key=entry_key
                 )
             ready = _attach_claims(external_part, claimed)
             if ready.empty:
                 continue
+            try:
+                # No transaction can hold a delivery: check the fence right before it.
+                verify_fence(guard, "deliver notifications")
+            except FenceLost as lost:
+                # Nothing was delivered: release the claims, so a later run sends them.
+                with engine.begin() as conn:
+                    settle_effects(
+                        conn,
+                        succeeded=(),
+                        failed={int(i): str(lost) for i in ready["effect_id"]},
+                        at=at,
+                    )
+                raise
             errors = notifier.deliver(ready)
             if len(errors) != len(ready):
                 raise RuntimeError(

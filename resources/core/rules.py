@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol
 
 from resources.core import tags
 from resources.core.entries import CLAIMABLE_STATUSES, DISPATCHABLE_STATUSES
+from resources.core.fence import Fence
 
 #: From-statuses of each operation: the WHERE clause of its compare-and-set.
 CLAIM_FROM: Final = CLAIMABLE_STATUSES
@@ -59,6 +60,8 @@ class EntryState(Protocol):
     def error(self) -> str | None: ...
     @property
     def manual_retry_at(self) -> datetime | None: ...
+    @property
+    def claim_generation(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ def claim(entry: EntryState, run_id: str, *, now: datetime, lease_ttl: timedelta
             {
                 "status": tags.STATUS_RUNNING,
                 "attempt": entry.attempt + 1,
+                "claim_generation": entry.claim_generation + 1,
                 "lease_owner": run_id,
                 "lease_expires_at": now + lease_ttl,
                 "heartbeat_at": now,
@@ -191,6 +195,22 @@ def succeed(entry: EntryState, run_id: str, *, now: datetime) -> Decision:
             "finished_at": now,
             "updated_at": now,
         }
+    )
+
+
+def holds(entry: EntryState, fence: Fence, *, effect: str) -> Decision:
+    """Rule 1's fence: may the run behind ``fence`` commit side effect ``effect`` now?
+
+    Only while the entry is still ``running`` under the fence's run and claim generation;
+    a paused run that was reclaimed, overtaken or finished is refused (nothing to change
+    either way: the refusal is traced by the store).
+    """
+    if _owns(entry, fence.run_id) and entry.claim_generation == fence.token:
+        return Decision()
+    return _refused(
+        f"side effect {effect!r} of run {fence.run_id} (claim {fence.token}) refused: "
+        f"{who(entry)} is {state_words(entry)} (claim {entry.claim_generation}); the run lost "
+        f"its lease, so nothing of the effect was committed"
     )
 
 

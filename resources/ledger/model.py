@@ -24,6 +24,7 @@ from resources.core.entries import (
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_KEYS,
 )
+from resources.core.fence import Fence
 
 # The wording of refusals lives with the rules that refuse (pure, in the core).
 from resources.core.rules import stamp as iso
@@ -130,6 +131,8 @@ class Entry:
     summary: dict[str, Any] = field(hash=False)
     manual_retry_at: datetime | None
     manual_retry_by: str | None
+    #: Incremented by every successful claim: the fencing token of the current claim.
+    claim_generation: int = 0
 
     @property
     def label(self) -> str:
@@ -180,6 +183,7 @@ class Entry:
             "heartbeat_at": iso(self.heartbeat_at),
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
+            "claim_generation": self.claim_generation,
         }
 
 
@@ -213,6 +217,7 @@ def entry_from_row(row: Mapping[Any, Any]) -> Entry:
         summary=with_summary_lists(row["summary"]),
         manual_retry_at=from_db(row["manual_retry_at"]),
         manual_retry_by=row["manual_retry_by"],
+        claim_generation=int(row["claim_generation"]),
     )
 
 
@@ -223,6 +228,14 @@ class ClaimResult:
     claimed: bool
     entry: Entry
     reason: str | None
+
+    @property
+    def fence(self) -> Fence | None:
+        """The claiming run's fencing token (None when refused): its side effects commit
+        only while the entry is still running under this owner and claim generation."""
+        if not self.claimed or self.entry.lease_owner is None:
+            return None
+        return Fence(self.entry.id, self.entry.lease_owner, self.entry.claim_generation)
 
 
 # --- validation and cursors --------------------------------------------------------------------

@@ -66,6 +66,9 @@ entries = sa.Table(
     sa.Column("summary", JSON_TYPE, nullable=False),
     sa.Column("manual_retry_at", sa.DateTime(), nullable=True),
     sa.Column("manual_retry_by", sa.String(200), nullable=True),
+    # Migration 0003 (issue 14): incremented by every successful claim; with the lease owner
+    # it is the fencing token a run's side effects are checked against (resources/core/fence.py).
+    sa.Column("claim_generation", sa.BigInteger(), nullable=False, server_default="0"),
     sa.UniqueConstraint(
         "task_key", "origin", "dedup_key", name="uq_dueledger_entries_task_origin_dedup"
     ),

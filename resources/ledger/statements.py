@@ -27,6 +27,7 @@ _B_ERROR = sa.bindparam("b_error", type_=sa.Text())
 _HAS_ATTEMPTS_LEFT = entries.c.attempt < entries.c.max_attempts
 # An unsupported task can never run again, whatever attempts are left: fail it for good.
 _WILL_RETRY = sa.and_(_HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK)
+_B_TOKEN = sa.bindparam("b_token", type_=sa.BigInteger())
 _OWNED_AND_RUNNING = (
     entries.c.id == _B_ID,
     entries.c.status == tags.STATUS_RUNNING,
@@ -45,6 +46,7 @@ class Statements:
     fail: Any
     select_by_id: Any
     select_for_update: Any
+    holds: Any
 
 
 @functools.cache
@@ -75,6 +77,8 @@ def statements_for(dialect: str) -> Statements:
         .values(
             status=tags.STATUS_RUNNING,
             attempt=entries.c.attempt + 1,
+            # The fencing token: every successful claim gets a new one (resources/core/fence.py).
+            claim_generation=entries.c.claim_generation + 1,
             lease_owner=_B_RUN,
             lease_expires_at=_B_EXPIRES,
             heartbeat_at=_B_NOW,
@@ -111,4 +115,10 @@ def statements_for(dialect: str) -> Statements:
         select_by_id=select_by_id,
         # FOR UPDATE renders nothing on SQLite, where BEGIN IMMEDIATE holds the database lock.
         select_for_update=select_by_id.with_for_update(),
+        # The fence check (resources/ledger/fence.py): FOR SHARE on PostgreSQL, so a reclaim's
+        # UPDATE of the row waits until the side effect's transaction has committed; nothing
+        # on SQLite, where the effect's transaction already holds the database write lock.
+        holds=sa.select(entries.c.id)
+        .where(*_OWNED_AND_RUNNING, entries.c.claim_generation == _B_TOKEN)
+        .with_for_update(read=True),
     )

@@ -33,6 +33,7 @@ from resources.core.entries import (
     SUMMARY_HOOKS,
     origin_of,
 )
+from resources.core.fence import Fence
 from resources.core.rules import claim_refusal, who
 from resources.ledger.model import (
     ClaimResult,
@@ -272,6 +273,37 @@ class LedgerTransitions(LedgerStore):
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
             return self._record_rejection(conn, entry, run_id, at, "reject", reason)
+
+    # --- fencing ---------------------------------------------------------------------------
+
+    def holds(self, fence: Fence, *, connection: Connection | None = None) -> bool:
+        """Does the run behind ``fence`` still hold its entry (running, same owner, same
+        claim generation)? ``connection``: check inside a caller's transaction on the
+        ledger's database -- on PostgreSQL the row is then share-locked until it commits, so
+        a reclaim cannot slip between the check and the caller's commit."""
+        params = {
+            "b_id": check_id(fence.entry_id, "entry_id"),
+            "b_run_id": check_run_id(fence.run_id),
+            "b_token": fence.token,
+        }
+        with self._maybe(connection) as conn:
+            statement = statements_for(conn.dialect.name).holds
+            return conn.execute(statement, params).first() is not None
+
+    def record_fenced_effect(
+        self, fence: Fence, *, effect: str, now: datetime | None = None
+    ) -> Entry:
+        """Trace a side effect refused by the fence: a rejection (action ``side_effect``)
+        in the entry's ``summary.late_job_rejections``; the entry's state is untouched."""
+        at = self._now(now)
+        with self._connect("write") as conn:
+            entry = self._load(conn, fence.entry_id, lock=True)
+            decision = rules.holds(entry, fence, effect=effect)
+            reason = decision.refusal or (
+                f"side effect {effect!r} of run {fence.run_id} (claim {fence.token}) refused: "
+                f"{who(entry)} changed while the effect was being committed"
+            )
+            return self._record_rejection(conn, entry, fence.run_id, at, "side_effect", reason)
 
     # --- dispatch --------------------------------------------------------------------------
 

@@ -246,6 +246,7 @@ def send(engine, due: pd.DataFrame, as_of: datetime, notifier: Notifier | None =
         at=as_of,
         task_key="billing_maintenance",
         entry_key=f"test:{format_due(as_of)}",
+        guard=None,
     )
 
 
@@ -462,6 +463,7 @@ def test_concurrent_runs_on_postgres_send_each_reminder_once(postgres_url):
                         at=as_of,
                         task_key="billing_maintenance",
                         entry_key=f"worker-{n}",
+                        guard=None,
                         chunk_rows=7,
                     )
                 )

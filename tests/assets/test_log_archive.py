@@ -13,20 +13,25 @@ import numpy as np
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.log_archive import (
+    ArchivedLog,
     ArchiveVerificationError,
+    archive_log,
     verify_archive,
     write_archive,
 )
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.fence import FenceLost
 from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
+from resources.source_schema import automation_log
 from resources.source_store import SourceStore, create_schema
 
 # The code location's assets, built with this environment's plugin hooks.
@@ -255,3 +260,31 @@ def test_log_archive_is_daily_at_two_and_not_manually_triggerable():
 def test_bad_archive_configuration_fails_at_load(fields, message):
     with pytest.raises(ValueError, match=message):
         DomainRules(**fields)
+
+
+def test_a_run_that_lost_its_lease_deletes_nothing_and_leaves_no_archive_file(tmp_path):
+    # Issue 14: a worker paused past its lease used to delete rows after the reclaim.
+    engine = SourceStore(url=f"sqlite:///{tmp_path / 'source.sqlite'}").engine()
+    create_schema(engine)
+    log_rows([(1, 100 * DAY), (2, DAY)]).to_sql(
+        "automation_log", engine, if_exists="append", index=False
+    )
+    policy = DomainRules(archive_dir=str(tmp_path / "archives")).archive_policy()
+    guard, ledger = lost_guard(tmp_path, "log_archive")
+    with pytest.raises(FenceLost):
+        archive_log(
+            engine,
+            ArchivedLog(automation_log, "at"),
+            policy,
+            DUE,
+            task_key="log_archive",
+            entry_key="e",
+            entry_id=guard.fence.entry_id,
+            attempt=1,
+            guard=guard,
+        )
+    assert pd.read_sql("SELECT id FROM automation_log", engine)["id"].tolist() == [1, 2]
+    assert pd.read_sql("SELECT * FROM log_archives", engine).empty
+    assert [p for p in (tmp_path / "archives").rglob("*") if p.is_file()] == []
+    assert ["automation_log" in reason for reason in refusals(ledger, guard)] == [True]
+    engine.dispose()

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 
 from assets.orders import (
     OrderCleanupPolicy,
@@ -17,6 +18,7 @@ from assets.orders import (
     candidate_orders_query,
     select_orders_to_cancel,
 )
+from resources.core.fence import FenceLost
 from resources.source_schema import automation_log, customers, orders, read_frame_from
 from resources.source_store import create_schema, make_engine
 
@@ -177,7 +179,9 @@ def test_cancelling_sets_status_and_cancelled_at_and_logs_each_change(engine):
     old = AS_OF - timedelta(days=2)
     insert_orders(engine, (1, "pending", old), (2, "pending", old), (3, "pending", AS_OF))
 
-    changed = cancel_orders(engine, [1, 2], AS_OF, task_key="order_cleanup", entry_key="e-17")
+    changed = cancel_orders(
+        engine, [1, 2], AS_OF, task_key="order_cleanup", entry_key="e-17", guard=None
+    )
 
     assert changed == 2
     assert stored(engine) == {
@@ -210,7 +214,9 @@ def test_an_order_paid_between_selection_and_cancel_is_not_cancelled(engine):
     with engine.begin() as conn:  # the customer pays order 1 while the task is running
         conn.execute(sa.update(orders).where(orders.c.id == 1).values(status="paid"))
 
-    changed = cancel_orders(engine, plan["id"], AS_OF, task_key="order_cleanup", entry_key="e-1")
+    changed = cancel_orders(
+        engine, plan["id"], AS_OF, task_key="order_cleanup", entry_key="e-1", guard=None
+    )
 
     assert changed == 1
     assert stored(engine) == {1: ("paid", None), 2: ("cancelled", pd.Timestamp(AS_OF))}
@@ -219,10 +225,10 @@ def test_an_order_paid_between_selection_and_cancel_is_not_cancelled(engine):
 
 def test_cancelling_the_same_orders_again_changes_and_logs_nothing(engine):
     insert_orders(engine, (1, "pending", AS_OF - timedelta(days=2)))
-    assert cancel_orders(engine, [1], AS_OF, task_key="t", entry_key="e-1") == 1
+    assert cancel_orders(engine, [1], AS_OF, task_key="t", entry_key="e-1", guard=None) == 1
 
     later = AS_OF + timedelta(hours=1)
-    assert cancel_orders(engine, [1], later, task_key="t", entry_key="e-2") == 0
+    assert cancel_orders(engine, [1], later, task_key="t", entry_key="e-2", guard=None) == 0
 
     assert stored(engine) == {1: ("cancelled", pd.Timestamp(AS_OF))}
     assert log_rows(engine)["entry_key"].tolist() == ["e-1"]
@@ -231,12 +237,12 @@ def test_cancelling_the_same_orders_again_changes_and_logs_nothing(engine):
 def test_repeated_and_numpy_ids_are_cancelled_and_logged_once(engine):
     insert_orders(engine, (1, "pending", AS_OF - timedelta(days=2)))
     ids = pd.Series([1, 1], dtype="int64")  # as they come out of a DataFrame
-    assert cancel_orders(engine, ids, AS_OF, task_key="t", entry_key="e") == 1
+    assert cancel_orders(engine, ids, AS_OF, task_key="t", entry_key="e", guard=None) == 1
     assert len(log_rows(engine)) == 1
 
 
 def test_cancelling_no_orders_is_a_no_op(engine):
-    assert cancel_orders(engine, [], AS_OF, task_key="t", entry_key="e") == 0
+    assert cancel_orders(engine, [], AS_OF, task_key="t", entry_key="e", guard=None) == 0
     assert log_rows(engine).empty
 
 
@@ -252,7 +258,9 @@ def test_a_large_cancel_is_split_into_in_lists_of_at_most_500_ids(engine):
 
     sa.event.listen(engine, "before_cursor_execute", count_in_list)
     try:
-        changed = cancel_orders(engine, range(1, n + 1), AS_OF, task_key="t", entry_key="e")
+        changed = cancel_orders(
+            engine, range(1, n + 1), AS_OF, task_key="t", entry_key="e", guard=None
+        )
     finally:
         sa.event.remove(engine, "before_cursor_execute", count_in_list)
 
@@ -276,3 +284,15 @@ def test_the_candidate_query_finds_exactly_the_orders_the_rule_selects_at_the_bo
     narrowed = select_orders_to_cancel(candidates, AS_OF, POLICY)
     assert candidates["id"].tolist() == everything["id"].tolist() == [2, 3]
     assert narrowed["id"].tolist() == [2, 3]
+
+
+def test_a_run_that_lost_its_lease_cancels_nothing_and_the_refusal_is_traced(engine, tmp_path):
+    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    old = AS_OF - timedelta(days=2)
+    insert_orders(engine, (1, "pending", old))
+    guard, ledger = lost_guard(tmp_path)
+    with pytest.raises(FenceLost):
+        cancel_orders(engine, [1], AS_OF, task_key="order_cleanup", entry_key="e", guard=guard)
+    assert stored(engine) == {1: ("pending", None)}
+    assert log_rows(engine).empty
+    assert ["cancel orders" in reason for reason in refusals(ledger, guard)] == [True]

@@ -10,12 +10,14 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.renewals import AutoRenewPolicy, apply_auto_renew, plan_auto_renew
 from resources.core import tags as t
+from resources.core.fence import FenceLost
 from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
@@ -143,7 +145,9 @@ def plan_and_apply(engine, as_of=AS_OF, entry_key="e1"):
     services["expires_at"] = pd.to_datetime(services["expires_at"])
     customers = read(engine, "SELECT id, balance_cents FROM customers")
     plan = plan_auto_renew(services, customers, as_of, POLICY)
-    return apply_auto_renew(engine, plan, as_of, task_key="service_auto_renew", entry_key=entry_key)
+    return apply_auto_renew(
+        engine, plan, as_of, task_key="service_auto_renew", entry_key=entry_key, guard=None
+    )
 
 
 def test_a_renewal_is_an_invoice_paid_from_balance_and_a_longer_expiry(engine):
@@ -166,9 +170,13 @@ def test_applying_the_same_plan_again_charges_nothing(engine):
     plan = plan_auto_renew(
         services, read(engine, "SELECT id, balance_cents FROM customers"), AS_OF, POLICY
     )
-    first = apply_auto_renew(engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e1")
+    first = apply_auto_renew(
+        engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e1", guard=None
+    )
     # A retry of the same entry, or an overlapping run that planned before the renewal.
-    again = apply_auto_renew(engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e2")
+    again = apply_auto_renew(
+        engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e2", guard=None
+    )
     assert first["outcome"].tolist() == ["renewed"]
     assert again["outcome"].tolist() == ["skipped_already_done"]
     assert read(engine, "SELECT balance_cents FROM customers")["balance_cents"].tolist() == [1500]
@@ -205,7 +213,9 @@ def test_a_service_changed_after_planning_is_not_charged(engine):
     )
     with engine.begin() as conn:  # renewed by hand in the meantime
         conn.execute(sa.text("UPDATE services SET auto_renew = false"))
-    result = apply_auto_renew(engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e1")
+    result = apply_auto_renew(
+        engine, plan, AS_OF, task_key="service_auto_renew", entry_key="e1", guard=None
+    )
     assert result["outcome"].tolist() == ["changed_meanwhile"]
     assert read(engine, "SELECT balance_cents FROM customers")["balance_cents"].tolist() == [5000]
 
@@ -247,3 +257,21 @@ def test_auto_renew_task_keeps_balances_reconcilable(tmp_path):
     (rec,) = check.asset_materializations_for_node("reconcile_account_balance")
     assert rec.metadata["mismatched"].value == 0
     engine.dispose()
+
+
+def test_a_run_that_lost_its_lease_charges_and_claims_nothing(engine, tmp_path):
+    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    seed(engine, [service(1, 1, DAY, price=1000)], {1: 2500})
+    services = read(engine, "SELECT * FROM services")
+    services["expires_at"] = pd.to_datetime(services["expires_at"])
+    customers = read(engine, "SELECT id, balance_cents FROM customers")
+    plan = plan_auto_renew(services, customers, AS_OF, POLICY)
+    guard, ledger = lost_guard(tmp_path, "service_auto_renew")
+    with pytest.raises(FenceLost):
+        apply_auto_renew(engine, plan, AS_OF, task_key="t", entry_key="e", guard=guard)
+    assert read(engine, "SELECT balance_cents FROM customers")["balance_cents"].tolist() == [2500]
+    assert read(engine, "SELECT * FROM invoices").empty
+    # Not even the idempotency claim: a later run that holds its entry renews the service.
+    assert read(engine, "SELECT * FROM side_effects").empty
+    assert ["auto-renew services" in reason for reason in refusals(ledger, guard)] == [True]
+    assert plan_and_apply(engine)["outcome"].tolist() == ["renewed"]

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 
 from assets.services import (
     LifecyclePlan,
@@ -18,6 +19,7 @@ from assets.services import (
     candidate_services_query,
     plan_lifecycle,
 )
+from resources.core.fence import FenceLost
 from resources.source_schema import automation_log, customers, read_frame_from, services
 from resources.source_store import create_schema, make_engine
 
@@ -207,7 +209,9 @@ def run_lifecycle(
     engine: sa.Engine, as_of: datetime, policy: LifecyclePolicy = ENABLED, entry: str = "e"
 ) -> dict[str, int]:
     plan = plan_lifecycle(read_frame_from(engine, services), as_of, policy)
-    return apply_lifecycle(engine, plan, as_of, task_key="service_lifecycle", entry_key=entry)
+    return apply_lifecycle(
+        engine, plan, as_of, task_key="service_lifecycle", entry_key=entry, guard=None
+    )
 
 
 def state(engine: sa.Engine) -> dict[int, tuple[Any, ...]]:
@@ -276,7 +280,7 @@ def test_a_service_renewed_between_plan_and_apply_is_not_suspended(engine):
             .values(expires_at=AS_OF + timedelta(days=365))
         )
 
-    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e")
+    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e", guard=None)
 
     assert counts == {"suspended": 0, "terminated": 0}
     assert state(engine)[1][0] == "active"
@@ -305,7 +309,7 @@ def test_a_service_reactivated_between_plan_and_apply_is_not_terminated(engine):
             .values(suspended_at=AS_OF - timedelta(days=1))
         )
 
-    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e")
+    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e", guard=None)
 
     assert counts == {"suspended": 0, "terminated": 0}
     assert [s[0] for s in state(engine).values()] == ["active", "suspended"]
@@ -318,11 +322,11 @@ def test_applying_the_same_plan_twice_changes_and_logs_nothing_the_second_time(e
         (2, "suspended", LONG_AGO, AS_OF - timedelta(days=40)),
     )
     plan = plan_lifecycle(read_frame_from(engine, services), AS_OF, ENABLED)
-    assert apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e-1") == {
+    assert apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e-1", guard=None) == {
         "suspended": 1,
         "terminated": 1,
     }
-    assert apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e-2") == {
+    assert apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e-2", guard=None) == {
         "suspended": 0,
         "terminated": 0,
     }
@@ -332,7 +336,9 @@ def test_applying_the_same_plan_twice_changes_and_logs_nothing_the_second_time(e
 def test_a_plan_applied_at_a_different_as_of_than_planned_is_refused(engine):
     plan = plan_lifecycle(services_frame(), AS_OF, ENABLED)
     with pytest.raises(ValueError, match="as_of"):
-        apply_lifecycle(engine, plan, AS_OF + timedelta(days=1), task_key="t", entry_key="e")
+        apply_lifecycle(
+            engine, plan, AS_OF + timedelta(days=1), task_key="t", entry_key="e", guard=None
+        )
 
 
 def test_a_hand_built_plan_never_terminates_a_service_suspended_at_or_after_as_of(engine):
@@ -343,7 +349,7 @@ def test_a_hand_built_plan_never_terminates_a_service_suspended_at_or_after_as_o
     )
     frame = read_frame_from(engine, services)
     plan = LifecyclePlan(to_suspend=frame.iloc[0:0], to_terminate=frame)
-    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e")
+    counts = apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e", guard=None)
     assert counts == {"suspended": 0, "terminated": 1}
     assert [s[0] for s in state(engine).values()] == ["suspended", "terminated"]
 
@@ -366,3 +372,20 @@ def test_the_candidate_query_finds_exactly_the_services_the_plan_picks(engine, p
     assert candidates["id"].tolist() == expected
     assert narrowed.to_suspend["id"].tolist() == full.to_suspend["id"].tolist() == [2]
     assert narrowed.to_terminate["id"].tolist() == full.to_terminate["id"].tolist()
+
+
+def test_a_run_that_lost_its_lease_suspends_and_terminates_nothing(engine, tmp_path):
+    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    insert_services(
+        engine,
+        (1, "active", AS_OF - timedelta(days=1), None),
+        (2, "suspended", LONG_AGO, AS_OF - timedelta(days=40)),
+    )
+    before = state(engine)
+    plan = plan_lifecycle(read_frame_from(engine, services), AS_OF, ENABLED)
+    guard, ledger = lost_guard(tmp_path, "service_lifecycle_maintenance")
+    with pytest.raises(FenceLost):
+        apply_lifecycle(engine, plan, AS_OF, task_key="t", entry_key="e", guard=guard)
+    assert state(engine) == before
+    assert read_frame_from(engine, automation_log).empty
+    assert len(refusals(ledger, guard)) == 1

@@ -9,12 +9,14 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.tickets import TicketAutoClosePolicy, close_tickets, select_tickets_to_close
 from resources.core import tags as t
+from resources.core.fence import FenceLost
 from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
@@ -79,12 +81,18 @@ def test_a_ticket_answered_after_selection_is_not_closed_and_reruns_close_nothin
     with engine.begin() as conn:  # the customer answers ticket 2 after the scan
         conn.execute(sa.text("UPDATE tickets SET status = 'open' WHERE id = 2"))
     closed = close_tickets(
-        engine, [1, 2], MIDNIGHT, POLICY, task_key="ticket_auto_close", entry_key="e1"
+        engine, [1, 2], MIDNIGHT, POLICY, task_key="ticket_auto_close", entry_key="e1", guard=None
     )
     assert closed == [1]
     assert (
         close_tickets(
-            engine, [1, 2], MIDNIGHT, POLICY, task_key="ticket_auto_close", entry_key="e2"
+            engine,
+            [1, 2],
+            MIDNIGHT,
+            POLICY,
+            task_key="ticket_auto_close",
+            entry_key="e2",
+            guard=None,
         )
         == []
     )
@@ -119,3 +127,17 @@ def test_the_daily_task_closes_as_of_its_due(tmp_path):
     state = pd.read_sql("SELECT status FROM tickets ORDER BY id", source.engine())
     assert state["status"].tolist() == ["closed", "waiting_customer"]
     source.engine().dispose()
+
+
+def test_a_run_that_lost_its_lease_closes_nothing(engine, tmp_path):
+    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    pd.DataFrame([ticket(1, "waiting_customer", 8 * timedelta(days=1))]).to_sql(
+        "tickets", engine, if_exists="append", index=False
+    )
+    guard, ledger = lost_guard(tmp_path, "ticket_auto_close")
+    with pytest.raises(FenceLost):
+        close_tickets(engine, [1], MIDNIGHT, POLICY, task_key="t", entry_key="e", guard=guard)
+    state = pd.read_sql("SELECT status FROM tickets", engine)
+    assert state["status"].tolist() == ["waiting_customer"]
+    assert pd.read_sql("SELECT * FROM automation_log", engine).empty
+    assert ["close tickets" in reason for reason in refusals(ledger, guard)] == [True]

@@ -17,8 +17,12 @@ from email.message import Message
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from fence_support import lost_guard, refusals
 
+from resources.core.fence import FenceLost
 from resources.idempotency import create_domain_schema
+from resources.ledger import RunLedger
+from resources.ledger.fence import LedgerGuard
 from resources.notifier import (
     Notifier,
     OutboxNotifier,
@@ -78,7 +82,13 @@ def engine(tmp_path) -> Iterator[sa.Engine]:
 
 def dispatch(engine, notifier, frame, at=AT, entry_key="1:due:2026-11-30T22:00:00Z"):
     return dispatch_notifications(
-        engine, notifier, frame, at=at, task_key="billing_maintenance", entry_key=entry_key
+        engine,
+        notifier,
+        frame,
+        at=at,
+        task_key="billing_maintenance",
+        entry_key=entry_key,
+        guard=None,
     )
 
 
@@ -290,3 +300,62 @@ def test_concurrent_first_runs_create_the_bookkeeping_tables_once(postgres_url):
         sa.inspect(engine).get_table_names()
     )
     engine.dispose()
+
+
+# --- fenced by the run's claim (issue 14) ---------------------------------------------------
+
+
+def test_a_run_that_lost_its_lease_queues_no_notification(engine, tmp_path):
+    guard, ledger = lost_guard(tmp_path, "billing_maintenance")
+    with pytest.raises(FenceLost):
+        dispatch_notifications(
+            engine,
+            OutboxNotifier(),
+            messages("email", "sms"),
+            at=AT,
+            task_key="billing_maintenance",
+            entry_key="e",
+            guard=guard,
+        )
+    assert outbox(engine).empty and effects(engine).empty
+    assert ["queue notifications" in reason for reason in refusals(ledger, guard)] == [True]
+
+
+def test_a_lease_lost_between_claim_and_delivery_sends_no_email_and_frees_it(
+    engine, tmp_path, smtp_sink
+):
+    """The claim of an email commits before its delivery (no transaction can hold an SMTP
+    conversation); a run paused in between and reclaimed must not deliver it, and must leave
+    it to a later run."""
+    zombie, ledger = lost_guard(tmp_path, "billing_maintenance")
+    ledger_url = ledger.url
+
+    class ReclaimedAfterTheClaim(LedgerGuard):
+        """The real guard of a run whose lease is reclaimed right after its claim commits."""
+
+        checks = 0
+
+        def verify(self, conn, effect):
+            self.checks += 1
+            if self.checks > 1:  # the pause: the reclaim lands after the claim's commit
+                zombie.verify(conn, effect)
+
+    held = ReclaimedAfterTheClaim(RunLedger(database_url=ledger_url), zombie.fence)
+    with pytest.raises(FenceLost, match="deliver notifications"):
+        dispatch_notifications(
+            engine,
+            smtp(smtp_sink),
+            messages("email"),
+            at=AT,
+            task_key="billing_maintenance",
+            entry_key="e",
+            guard=held,
+        )
+    assert smtp_sink.received == []
+    assert outbox(engine).empty
+    (row,) = effects(engine).to_dict("records")
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "no longer holds" in row["error"]
+    # A later run that holds its entry sends it, once.
+    later = dispatch(engine, smtp(smtp_sink), messages("email"), at=LATER)
+    assert later["outcome"].tolist() == ["sent"] and len(smtp_sink.received) == 1

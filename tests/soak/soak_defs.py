@@ -183,6 +183,7 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
                     at=run.as_of,
                     task_key=spec.key,
                     entry_key=run.entry_key,
+                    guard=run.guard,
                 )
                 sent += int((out["outcome"] == "sent").sum())
             yield dg.MaterializeResult(metadata={"sent": sent, "attempt": run.entry.attempt})
