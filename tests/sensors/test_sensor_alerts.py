@@ -75,6 +75,7 @@ def _expired_lease(ledger: RunLedger, now: datetime):
     return entry
 
 
+@pytest.mark.daemon
 def test_a_reclaim_alert_survives_both_channels_down_and_is_delivered_once_when_they_are_up(
     ledger: RunLedger, webhook: WebhookSink, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
