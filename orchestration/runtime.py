@@ -34,9 +34,10 @@ from orchestration.retry import (
     retry_for_ui_reexecution,
     unrecorded_retry_refusal,
 )
-from orchestration.services.alerts import emit_alert
+from orchestration.services.alerts import deliver_alert
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.alerting import entry_subject
 from resources.core.due import Due, floor_to_slot, format_due
 from resources.core.fence import EffectGuard, FenceLost
 from resources.core.settings import load_settings
@@ -523,9 +524,11 @@ def _end_unsupported(
     if claim.claimed:
         # unsupported_task is final in the ledger, whatever attempts the entry has left.
         after = ledger.fail(entry.id, run_id, error=message, kind=t.FAILURE_UNSUPPORTED_TASK)
-        emit_alert(
+        deliver_alert(
+            ledger,
             context.log,
             t.FAILURE_UNSUPPORTED_TASK,
+            entry_subject(entry.id),
             task_key=request.task_key,
             entry_id=entry.id,
             run_id=run_id,

@@ -28,6 +28,7 @@ never refused: it records the truth.
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
 from collections.abc import Sequence
 from datetime import datetime
@@ -100,6 +101,10 @@ class OutboxNotifier(Notifier):
     store, atomically with its idempotency row. Delivery is a relay's job."""
 
 
+class SmtpSessionError(RuntimeError):
+    """An SMTP session could not be opened (connect, STARTTLS or login failed)."""
+
+
 class SmtpNotifier(Notifier):
     """Email over SMTP; other channels (sms, in_app) go to the outbox for their gateways.
 
@@ -132,23 +137,36 @@ class SmtpNotifier(Notifier):
         message.set_content(row.body)
         return message
 
+    def open_session(self) -> smtplib.SMTP:
+        """A connected SMTP session (STARTTLS and login done, as configured); the caller
+        closes it (``with``). Raises :class:`SmtpSessionError` saying what failed (never
+        the password)."""
+        try:
+            session = smtplib.SMTP(self.host, self.port, timeout=self.timeout_seconds)
+        except (OSError, smtplib.SMTPException) as exc:
+            raise SmtpSessionError(
+                f"SMTP connect to {self.host}:{self.port} failed: {exc}"
+            ) from exc
+        try:
+            if self.starttls:
+                session.starttls()
+            if self.username:
+                session.login(self.username, self.password or "")
+        except (OSError, smtplib.SMTPException) as exc:
+            with contextlib.suppress(OSError, smtplib.SMTPException):
+                session.close()
+            raise SmtpSessionError(f"SMTP session setup failed: {exc}") from exc
+        return session
+
     def deliver(self, messages: pd.DataFrame) -> list[str | None]:
         if messages.empty:
             return []
         try:
-            session = smtplib.SMTP(self.host, self.port, timeout=self.timeout_seconds)
-        except (OSError, smtplib.SMTPException) as exc:
-            error = f"SMTP connect to {self.host}:{self.port} failed: {exc}"
-            return [error] * len(messages)
+            session = self.open_session()
+        except SmtpSessionError as exc:
+            return [str(exc)] * len(messages)
         errors: list[str | None] = []
         with session:
-            try:
-                if self.starttls:
-                    session.starttls()
-                if self.username:
-                    session.login(self.username, self.password or "")
-            except (OSError, smtplib.SMTPException) as exc:
-                return [f"SMTP session setup failed: {exc}"] * len(messages)
             # One message at a time is inherent to SMTP; this is I/O, not the rule's hot path.
             for row in messages.itertuples(index=False):
                 try:

@@ -15,10 +15,11 @@ import dagster as dg
 
 from orchestration.registry import TaskView
 from orchestration.services.accounting import account_latest_due, check_evaluation
-from orchestration.services.alerts import Clock, emit_alert, iso, utc_now
+from orchestration.services.alerts import Alerts, Clock, iso, utc_now
 from orchestration.services.audit import TaskAudit, audit_tasks
 from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
 from resources.core import tags as t
+from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
 from resources.core.slots import floor_to_slot, format_due
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, RunLedger
 
@@ -192,7 +193,10 @@ def build_slot_health_sensor(
             return dg.SensorResult(
                 skip_reason=f"slot {format_due(slot)}: healthy", cursor=cursor, asset_events=checks
             )
-        emit_alert(context.log, "slot_health", **health.alert_fields())
+        # Delivered once per slot, even if this evaluation is repeated (its cursor lost).
+        alerts = Alerts.from_environment(ledger, now=now, log=context.log)
+        alerts.emit(KIND_SLOT_HEALTH, slot_subject(slot), **health.alert_fields())
+        alerts.deliver()
         return dg.SensorResult(
             skip_reason=f"slot {format_due(slot)}: problems reported (see the warning)",
             cursor=cursor,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -41,8 +41,9 @@ import dagster as dg
 
 from orchestration.registry import TaskView, task_keys_of_run
 from orchestration.runtime import entry_request_from_tags, run_timed_out
-from orchestration.services.alerts import utc_now
+from orchestration.services.alerts import Alerts, utc_now
 from resources.core import tags as t
+from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST, entry_subject
 from resources.core.due import Due
 from resources.core.slots import floor_to_slot, format_due
 from resources.ledger import (
@@ -73,6 +74,8 @@ FIRST_LOOKBACK: Final = timedelta(hours=24)
 #: ended has lost it (the daemon can read the failure event before the run's status and tag
 #: are written, and then passes over the run for good): nothing will launch that retry.
 RETRY_LOST_AFTER: Final = timedelta(minutes=3)
+#: Characters of a run's error an alert carries (the entry keeps all of it).
+ALERT_ERROR_CHARS: Final = 1000
 #: Automatic retries followed from one run (Dagster's max_retries is far smaller).
 MAX_RETRY_CHAIN: Final = 20
 #: A re-dispatch sensor evaluates once per REDISPATCH_SLOT_FRACTION of its slot, between
@@ -161,6 +164,8 @@ class Reconciled:
     action: Action
     reason: str
     entry: Entry | None
+    #: Set when Dagster lost the retry this entry waited for: what happened (the alert's text).
+    retry_lost: str | None = None
 
     def line(self) -> str:
         where = f"entry {self.entry.id} -> {self.entry.status}" if self.entry else "no entry"
@@ -456,12 +461,51 @@ def settle_abandoned_retries(
         tags = {t.TAG_TASK: entry.task_key, **run.tags}
         item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
         if item.action is not Action.NONE:
+            if state is RetryState.LOST:
+                # The sensor raises the retry_lost alert for it (alert_of).
+                item = replace(item, retry_lost=f"{message} (run {run.run_id})")
             done.append(item)
             if log is not None:
                 log.info(item.line())
-                if state is RetryState.LOST:
-                    log.warning(f"entry {entry.id} {entry.label}: {message} (run {run.run_id})")
     return done
+
+
+def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
+    """The alert a reconciliation raises, as (kind, fields): ``retry_lost`` when Dagster
+    lost the retry an entry waited for, ``dispatch_failed`` when a run ended before it
+    claimed its entry; None for anything else."""
+    entry = item.entry
+    if entry is None:
+        return None
+    fields: dict[str, Any] = {
+        "task": entry.task_key,
+        "entry_id": entry.id,
+        "run_id": item.run_id,
+        "due": format_due(entry.due) if entry.due else None,
+        "dedup_key": entry.dedup_key,
+        "status": entry.status,
+    }
+    if item.retry_lost is not None:
+        return KIND_RETRY_LOST, {
+            **fields,
+            "error": item.retry_lost,
+            "action": (
+                f"nothing runs it again by itself; see `dueledger runs show {entry.id}`, and "
+                f"if the work must run, `dueledger runs retry {entry.id}`"
+            ),
+        }
+    if item.action is Action.DISPATCH_FAILED and entry.status == t.STATUS_DISPATCH_FAILED:
+        failures = entry.summary.get(SUMMARY_DISPATCH_FAILURES) or [{}]
+        last = failures[-1] if isinstance(failures[-1], Mapping) else {}
+        return KIND_DISPATCH_FAILED, {
+            **fields,
+            "error": str(last.get("error") or entry.error or "").strip()[:ALERT_ERROR_CHARS],
+            "action": (
+                f"a scheduled due is re-dispatched within its own slot by "
+                f"{entry.task_key}_redispatch_sensor; see `dueledger runs show {entry.id}`"
+            ),
+        }
+    return None
 
 
 def build_outcome_sensor(
@@ -487,11 +531,17 @@ def build_outcome_sensor(
         context: dg.SensorEvaluationContext, ledger: RunLedger
     ) -> dg.SensorResult:
         now = clock()
+        alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         ensure_task_pools(context.instance, views)
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
         )
         done += settle_abandoned_retries(context.instance, ledger, views, now, context.log)
+        for item in done:
+            alert = alert_of(item)
+            if alert is not None and item.entry is not None:
+                alerts.emit(alert[0], entry_subject(item.entry.id), **alert[1])
+        alerts.deliver()  # this tick's alerts; lease_reclaim_sensor retries what fails
         summary = f"reconciled {len(done)} run(s)" if done else "nothing to reconcile"
         return dg.SensorResult(skip_reason=summary, cursor=cursor)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 from sqlalchemy.engine import make_url
 
+from orchestration.cli.alerts import alerts_cmd
 from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group, summary_cmd
@@ -203,3 +204,5 @@ main.add_command(reclaim_cmd)
 main.add_command(liveness_cmd)
 # `hooks` (plugin listeners and load errors) lives in orchestration/cli/hooks.py.
 main.add_command(hooks_cmd)
+# `alerts` (alert channels and deliveries) lives in orchestration/cli/alerts.py.
+main.add_command(alerts_cmd)

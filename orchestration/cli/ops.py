@@ -2,10 +2,11 @@
 
 - ``reclaim [--dry-run]``: what ``lease_reclaim_sensor`` does, for deployments without the
   daemon (or to act now): expired leases -> ``failed`` / ``lease_reclaimed``, stranded
-  launches -> ``dispatch_failed``; one structured alert line per entry; never a new run.
-- ``liveness [--max-age-seconds N]``: exit 0 when the daemon's scheduler heartbeat and the
-  latest slot evaluation are fresh, 1 when either is stale (named), for system cron or a
-  Kubernetes probe.
+  launches -> ``dispatch_failed``; one structured alert line per entry, delivered to the
+  configured alert channels once, and the due alert deliveries retried; never a new run.
+- ``liveness [--max-age-seconds N] [--alert]``: exit 0 when the daemon's scheduler heartbeat
+  and the latest slot evaluation are fresh, 1 when either is stale (named), for system cron
+  or a Kubernetes probe; ``--alert`` also delivers a ``liveness`` alert per stale check.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import sys
 import warnings
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,7 +26,11 @@ from orchestration.cli.support import (
     open_ledger,
     print_json,
 )
+from resources.core.alerting import DELIVERY_DELIVERED
 from resources.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from resources.ledger import DeliveryRecord
 
 
 @click.command("reclaim")
@@ -35,14 +41,27 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     """Fail running entries whose lease expired (lease_reclaimed); never re-run them."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.services import stranded as strand
-    from orchestration.services.alerts import alert_line
+    from orchestration.services.alerts import Alerts, alert_line
     from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
+    from resources.core.alerting import entry_subject, load_alert_settings
 
+    # A bad alert configuration is exit 2 before anything is changed.
+    alert_settings = None if dry_run else load_alert_settings()
     ledger = open_ledger(local_settings())
     now = datetime.now(UTC)
     reclaims = reclaim_leases(ledger, now, dry_run=dry_run)
     with dagster_instance() as instance:
         stranded = strand.sweep_stranded(ledger, instance, now, dry_run=dry_run)
+    attempts = []
+    if alert_settings is not None:
+        # As the sensor does: each alert to the configured channels once, then the retries
+        # that are due (a deployment without the daemon has no sensor to retry them).
+        alerts = Alerts.from_settings(ledger, alert_settings, now=now, use_loggers=False)
+        for item in reclaims:
+            alerts.record(ALERT_KIND, entry_subject(item.entry_id), item.as_json())
+        for swept in stranded:
+            alerts.record(strand.ALERT_KIND, entry_subject(swept.entry.id), swept.as_json())
+        attempts = alerts.deliver(retry=True)
     if as_json:
         print_json(
             {
@@ -51,6 +70,7 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
                 "count": len(reclaims),
                 "reclaims": [r.as_json() for r in reclaims],
                 "stranded": [s.as_json() for s in stranded],
+                "alert_deliveries": [delivery_json(a) for a in attempts],
             }
         )
         return
@@ -64,6 +84,31 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     if stranded:
         verb = "would record" if dry_run else "recorded"
         click.echo(f"{verb} {len(stranded)} stranded launch(es) as dispatch_failed", err=True)
+    say_deliveries(attempts)
+
+
+def delivery_json(record: DeliveryRecord) -> dict[str, object]:
+    """A delivery attempt's outcome for a command's ``--json`` (the alert itself is shown
+    elsewhere in the output: no payload)."""
+    data = record.as_json()
+    data.pop("payload", None)
+    return data
+
+
+def say_deliveries(attempts: list[DeliveryRecord]) -> None:
+    """One line per alert delivery this command attempted (failures on stderr)."""
+    for a in attempts:
+        where = f"{a.channel} {a.kind} {a.subject} (attempt {a.attempts})"
+        if a.status == DELIVERY_DELIVERED:
+            click.echo(f"alert delivered: {where}")
+        elif a.next_attempt_at is not None:
+            click.echo(
+                f"alert delivery failed: {where}: {a.last_error}; retried from "
+                f"{a.next_attempt_at:%Y-%m-%dT%H:%M:%SZ}",
+                err=True,
+            )
+        else:
+            click.echo(f"alert delivery failed for good: {where}: {a.last_error}", err=True)
 
 
 _MAX_AGE_SECONDS = 366 * 24 * 3600
@@ -89,29 +134,68 @@ def _max_age(text: str) -> timedelta:
     show_default=True,
     help="Heartbeat / slot evaluation older than this is stale.",
 )
+@click.option(
+    "--alert",
+    is_flag=True,
+    help=(
+        "Deliver a liveness alert per stale check to the configured alert channels (once "
+        "per outage), and retry the alert deliveries that are due."
+    ),
+)
 @json_option
 @handle_errors
-def liveness_cmd(max_age_seconds: str, as_json: bool) -> None:
+def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
+    from orchestration.services.alerts import Alerts
     from orchestration.services.liveness import check_liveness
+    from resources.core.alerting import (
+        ENV_ALERTS_FILE,
+        ENV_EMAIL_TO,
+        ENV_WEBHOOK_URL,
+        KIND_LIVENESS,
+        check_subject,
+        load_alert_settings,
+    )
 
     max_age = _max_age(max_age_seconds)
+    alert_settings = load_alert_settings() if alert else None
+    if alert_settings is not None and not alert_settings.channels:
+        raise InvalidInput(
+            f"--alert needs an alert channel: set {ENV_WEBHOOK_URL} or {ENV_EMAIL_TO} (with "
+            f"the SMTP settings), or name a file in {ENV_ALERTS_FILE}; see docs/operations.md"
+        )
     settings = local_settings()
     with warnings.catch_warnings():
         # Cadence warnings belong to `dueledger tasks`; a probe's stderr names staleness only.
         warnings.simplefilter("ignore", UserWarning)
         views = task_views(settings)
+    now = datetime.now(UTC)
     with dagster_instance() as instance:
-        report = check_liveness(instance, views, datetime.now(UTC), max_age)
+        report = check_liveness(instance, views, now, max_age)
+    attempts = []
+    if alert_settings is not None:
+        # From cron while the daemon is down, this command is what retries deliveries.
+        alerts = Alerts.from_settings(
+            open_ledger(settings), alert_settings, now=now, use_loggers=False
+        )
+        for check in report.checks:
+            if not check.fresh:
+                fields = {**check.as_json(), "max_age_seconds": int(max_age.total_seconds())}
+                alerts.record(KIND_LIVENESS, check_subject(check.name, check.observed_at), fields)
+        attempts = alerts.deliver(retry=True)
     if as_json:
-        print_json(report.as_json())
+        data = report.as_json()
+        if alert:
+            data["alert_deliveries"] = [delivery_json(a) for a in attempts]
+        print_json(data)
     else:
         for check in report.checks:
             click.echo(f"{check.name}: {'fresh' if check.fresh else 'STALE'}: {check.detail}")
         if not report.ok:
             click.echo(f"stale: {', '.join(report.stale)}", err=True)
+        say_deliveries(attempts)
     if not report.ok:
         sys.exit(1)

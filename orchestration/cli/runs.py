@@ -253,7 +253,7 @@ def require_role(
         )
 
 
-def _viewer_gate(operator: str | None, action: str, entry_id: int | None = None) -> RunLedger:
+def viewer_gate(operator: str | None, action: str, entry_id: int | None = None) -> RunLedger:
     """Settings, ledger, identity and the viewer check shared by the read-only commands."""
     if operator is not None:
         _operator(operator)  # a malformed name is exit 2 before anything is read
@@ -361,7 +361,7 @@ def list_cmd(
         "cursor": parse_cursor(cursor),
     }
     filters["since"], filters["until"] = parse_window(since, until)
-    ledger = _viewer_gate(operator, ACTION_LIST)
+    ledger = viewer_gate(operator, ACTION_LIST)
     try:
         page, next_cursor = ledger.list_entries(**filters)
     except ValueError as exc:  # only a cursor that decodes to nonsense gets here
@@ -386,7 +386,7 @@ def _list_row(row: dict[str, Any]) -> dict[str, object]:
 def show_cmd(entry_id: str, operator: str | None, as_json: bool) -> None:
     """One entry: attempts with their Dagster status, parent, children, audit."""
     entry_no = parse_entry_id(entry_id)
-    ledger = _viewer_gate(operator, ACTION_SHOW, entry_no)
+    ledger = viewer_gate(operator, ACTION_SHOW, entry_no)
     entry = ledger.get(entry_no)
     if entry is None:
         raise InvalidInput(
@@ -522,7 +522,7 @@ def summary_cmd(operator: str | None, as_json: bool) -> None:
     from orchestration.catalog import task_views
     from orchestration.services.summary import TASK_COLUMNS, ledger_summary
 
-    ledger = _viewer_gate(operator, ACTION_SUMMARY)
+    ledger = viewer_gate(operator, ACTION_SUMMARY)
     # The same computation as the ledger_health asset: ledger counts + the gap audit.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # cadence warnings: see `tasks`

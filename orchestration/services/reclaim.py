@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Any
 
 from orchestration.services.alerts import iso
+from resources.core.alerting import KIND_LEASE_RECLAIMED
 from resources.core.slots import format_due
 from resources.ledger import Entry, RunLedger, format_duration
 
-ALERT_KIND = "lease_reclaimed"
+ALERT_KIND = KIND_LEASE_RECLAIMED
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import dagster as dg
 from orchestration.services.alerts import iso
 from orchestration.services.launch import manual_run_id
 from resources.core import tags as t
+from resources.core.alerting import KIND_LAUNCH_STRANDED
 from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
 from resources.ledger import Entry, RunLedger
 
@@ -30,7 +31,7 @@ from resources.ledger import Entry, RunLedger
 STRANDED_AFTER: Final = timedelta(minutes=15)
 #: Entries looked at per sweep (the oldest stranded ones wait for the next sweep).
 SWEEP_LIMIT: Final = 200
-ALERT_KIND: Final = "launch_stranded"
+ALERT_KIND: Final = KIND_LAUNCH_STRANDED
 
 
 @dataclass(frozen=True)

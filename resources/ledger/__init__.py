@@ -21,6 +21,7 @@ Where each part lives:
 - ``migrate.py`` — the Alembic runner and the once-per-process memo;
 - ``store.py`` — configuration and per-process plumbing (fork handling);
 - ``queries.py`` — the read side; ``transitions.py`` — the compare-and-set state changes;
+- ``deliveries.py`` — the alert delivery records (each alert reaches each channel once);
 - ``resource.py`` — ``RunLedger`` itself, which migrates once per process at set-up.
 
 Times: the API takes and returns timezone-aware UTC datetimes; the database stores them
@@ -54,6 +55,7 @@ from resources.core.entries import (
     origin_of,
 )
 from resources.core.rules import format_duration
+from resources.ledger.deliveries import DeliveryRecord
 from resources.ledger.engine import mask_url
 from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
@@ -88,6 +90,7 @@ __all__ = [
     "SUMMARY_KEYS",
     "SUMMARY_REJECTIONS",
     "ClaimResult",
+    "DeliveryRecord",
     "Entry",
     "LedgerError",
     "RunLedger",

@@ -1,8 +1,9 @@
 """``RunLedger``: the run ledger as a Dagster resource.
 
-It joins the read side (``queries.py``) and the compare-and-set write side
-(``transitions.py``) over the shared plumbing (``store.py``), and migrates the schema once
-per process when Dagster sets the resource up for a run or a sensor tick.
+It joins the read side (``queries.py``), the compare-and-set write side
+(``transitions.py``) and the alert delivery records (``deliveries.py``) over the shared
+plumbing (``store.py``), and migrates the schema once per process when Dagster sets the
+resource up for a run or a sensor tick.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import dagster as dg
 
 from resources.ledger import migrate as migrations
+from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.queries import LedgerQueries
 from resources.ledger.transitions import LedgerTransitions
 
 
-class RunLedger(LedgerTransitions, LedgerQueries):
+class RunLedger(LedgerTransitions, LedgerQueries, LedgerAlertDeliveries):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 
     No database I/O happens when the resource is defined: the engine is created on first use.

@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql
 
 ENTRIES_TABLE: Final = "dueledger_entries"
 AUDIT_TABLE: Final = "dueledger_audit"
+ALERT_DELIVERIES_TABLE: Final = "dueledger_alert_deliveries"
 #: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
 #: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
 VERSION_TABLE: Final = "dueledger_alembic_version"
@@ -106,5 +107,37 @@ audit = sa.Table(
     sa.Index("ix_dueledger_audit_entry", "entry_id"),
     sa.Index("ix_dueledger_audit_child", "child_entry_id"),
     sa.Index("ix_dueledger_audit_at", "at"),
+    sqlite_autoincrement=True,
+)
+
+# Migration 0003: one row per (channel, alert kind, subject) -- an alert is delivered to a
+# channel once (resources/ledger/deliveries.py). ``next_attempt_at`` is when it may be tried
+# next: set while it is pending or failed with attempts left, NULL once delivered or given up.
+alert_deliveries = sa.Table(
+    ALERT_DELIVERIES_TABLE,
+    metadata,
+    sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    sa.Column("channel", sa.String(32), nullable=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("subject", sa.String(400), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("payload", JSON_TYPE, nullable=False),
+    sa.Column("last_error", sa.Text(), nullable=True),
+    sa.Column("created_at", sa.DateTime(), nullable=False),
+    sa.Column("updated_at", sa.DateTime(), nullable=False),
+    sa.Column("last_attempt_at", sa.DateTime(), nullable=True),
+    sa.Column("next_attempt_at", sa.DateTime(), nullable=True),
+    sa.Column("delivered_at", sa.DateTime(), nullable=True),
+    sa.UniqueConstraint(
+        "channel", "kind", "subject", name="uq_dueledger_alert_deliveries_channel_kind_subject"
+    ),
+    # The retry sweep: due deliveries, oldest first. Partial: delivered rows never touch it.
+    sa.Index(
+        "ix_dueledger_alert_deliveries_next_attempt",
+        "next_attempt_at",
+        postgresql_where=sa.text("next_attempt_at IS NOT NULL"),
+        sqlite_where=sa.text("next_attempt_at IS NOT NULL"),
+    ),
     sqlite_autoincrement=True,
 )

@@ -106,6 +106,15 @@ commands = st.one_of(
         _options(("--operator", texts), ("--reason", texts)),
     ),
     st.tuples(st.just(["summary"]), _options(("--operator", texts))),
+    st.tuples(
+        st.just(["alerts"]),
+        _options(
+            ("--status", st.one_of(texts, st.sampled_from(["failed", "pending,delivered"]))),
+            ("--kind", texts),
+            ("--limit", numbers),
+            ("--operator", texts),
+        ),
+    ),
     st.tuples(st.just(["liveness"]), _options(("--max-age-seconds", numbers))),
     st.tuples(st.just(["reclaim", "--dry-run"]), st.just([])),
     st.tuples(

@@ -1,8 +1,8 @@
 """The notifier interface and the exactly-once dispatch, on a real SQLite source store.
 
-Implementations exercised: the outbox (default), SMTP against a local SMTP sink this
-module starts, and a fake external gateway (the one fake the tests use) that can fail or
-die mid-delivery.
+Implementations exercised: the outbox (default), SMTP against a local SMTP sink
+(tests/alert_sinks.py), and a fake external gateway (the one fake the tests use) that can
+fail or die mid-delivery.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import socketserver
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from email import message_from_bytes
-from email.message import Message
 
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from alert_sinks import SmtpSink, start
 from fence_support import lost_guard, refusals
 
 from resources.core.fence import FenceLost
@@ -170,71 +169,16 @@ def test_outcome_counts_per_rule_and_channel(engine):
 # --- SMTP against a local sink -----------------------------------------------------------
 
 
-class _SmtpSink(socketserver.ThreadingTCPServer):
-    """A minimal SMTP server on 127.0.0.1 that keeps what it receives."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _SmtpHandler)
-        self.received: list[Message] = []
-        self.refuse: set[str] = set()
-        self.lock = threading.Lock()
-
-
-class _SmtpHandler(socketserver.StreamRequestHandler):
-    server: _SmtpSink
-
-    def reply(self, line: str) -> None:
-        self.wfile.write(f"{line}\r\n".encode())
-        self.wfile.flush()
-
-    def handle(self) -> None:
-        self.reply("220 sink ready")
-        while True:
-            line = self.rfile.readline()
-            if not line:
-                return
-            command = line.decode().strip()
-            verb = command.split(" ", 1)[0].upper()
-            if verb in ("EHLO", "HELO"):
-                self.reply("250 sink")
-            elif verb == "RCPT":
-                address = command.split(":", 1)[1].strip().strip("<>")
-                with self.server.lock:
-                    refused = address in self.server.refuse
-                self.reply("550 no such user" if refused else "250 ok")
-            elif verb == "DATA":
-                self.reply("354 end with .")
-                data = bytearray()
-                while (chunk := self.rfile.readline()) not in (b".\r\n", b""):
-                    data += chunk[1:] if chunk.startswith(b"..") else chunk
-                with self.server.lock:
-                    self.server.received.append(message_from_bytes(bytes(data)))
-                self.reply("250 queued")
-            elif verb == "QUIT":
-                self.reply("221 bye")
-                return
-            else:  # MAIL, RSET, NOOP
-                self.reply("250 ok")
-
-
 @pytest.fixture
-def smtp_sink() -> Iterator[_SmtpSink]:
-    server = _SmtpSink()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+def smtp_sink() -> Iterator[SmtpSink]:
+    with start(SmtpSink()) as server:
+        yield server
 
 
-def smtp(sink: _SmtpSink) -> SmtpNotifier:
+def smtp(sink: SmtpSink) -> SmtpNotifier:
     return SmtpNotifier(
         host="127.0.0.1",
-        port=sink.server_address[1],
+        port=sink.port,
         sender="billing@example.test",
         timeout_seconds=5,
     )
