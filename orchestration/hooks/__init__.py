@@ -33,8 +33,8 @@ listener that times out or raises does not deny.
 Every outcome is logged as one JSON object per line (logger ``dueledger.hooks``, and the
 Dagster run/tick log when there is one) and stored, bounded, on the run's ledger entry
 (``summary.hooks``). This package does not import Dagster; ``orchestration/factory.py``,
-``orchestration/manual.py`` and ``orchestration/runtime.py`` are the thin shells that fire
-the events.
+``orchestration/manual.py``, ``orchestration/runtime.py`` and ``assets/domain_assets.py``
+(``billing_maintenance``) are the thin shells that fire the events.
 
 Modules: ``model`` (events, outcomes, results, context, listeners, the loaded registry),
 ``loading`` (entry points and the config file), ``firing`` (isolation and timeouts),
