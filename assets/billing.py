@@ -16,6 +16,16 @@ Reminder semantics (both kinds):
   while the service is `active` and not yet expired at `as_of`.
 - One reminder per channel the customer opted into (`customers.channels`) that the
   policy enables. The idempotency key is (rule, object, time point, channel).
+
+The first renewal notice of an expiry (`first_notice_gate`): plugin listeners of the hook
+event `before_renewal_first_notice` are asked before it goes out, and a blocking deny skips
+it. "First" is the first notice the service actually gets for that expiry, whatever its
+stage: normally the 7-day one, the 3-day one when the 7-day notice was never sent (the
+service appeared 5 days before expiry, the runs were down) or was skipped. A notice is not
+first once any renewal notice of the same expiry has an idempotency row (sent, failed on a
+channel, or in doubt: it went out, or was tried). A skipped notice is recorded under its own
+key (rule `service_renewal_notice_skipped`, channel `all`), so it stays skipped and its
+listeners are not asked again for it; the next stage's notice is then the first, and asks.
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ import pandas as pd
 import sqlalchemy as sa
 
 from assets.policies import ReminderPolicy
+from resources.idempotency import KEY_COLUMNS, normalize_keys
 from resources.source_schema import (
+    CHANNELS,
     SERVICE_ACTIVE,
     customers,
     invoices,
@@ -40,6 +52,10 @@ from resources.source_schema import (
 
 RULE_OVERDUE: Final = "invoice_overdue_reminder"
 RULE_RENEWAL: Final = "service_renewal_notice"
+#: The key a skipped renewal notice is recorded under (see the module docstring).
+RULE_RENEWAL_SKIPPED: Final = "service_renewal_notice_skipped"
+#: A skip covers the notice on every channel: its key has this channel.
+SKIP_CHANNEL: Final = "all"
 OBJECT_INVOICE: Final = "invoice"
 OBJECT_SERVICE: Final = "service"
 
@@ -226,6 +242,133 @@ def renewal_notices_due(
     """Renewal notices due at `as_of`: one row per service and channel."""
     stages = renewal_stages(services_frame, as_of, policy.renewal_days)
     return expand_channels(stages, customers_frame, policy.channels)
+
+
+# --- the first renewal notice of an expiry ---------------------------------------------
+
+#: Where a due renewal notice stands (`first_notice_gate`).
+NOTICE_FIRST: Final = "first"  # no notice of this expiry yet: ask the listeners first
+NOTICE_LATER: Final = "later"  # a notice of this expiry went out (or was tried) already
+NOTICE_SKIPPED: Final = "skipped"  # denied by a listener in an earlier run: stays skipped
+
+#: Columns of a notices frame: one row per renewal notice (service and time point).
+NOTICE_COLUMNS: Final = (
+    "object_id",
+    "customer_id",
+    "time_point",
+    "stage_days",
+    "reference_at",
+    "channels",
+)
+
+
+def renewal_notices(due: pd.DataFrame) -> pd.DataFrame:
+    """The renewal notices of a due-reminder frame, one row per service and time point,
+    with the channels it goes to (sorted, comma-separated), ordered by service id."""
+    rows = due.loc[due["rule"] == RULE_RENEWAL]
+    if rows.empty:
+        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in NOTICE_COLUMNS})
+        for column in ("object_id", "customer_id", "stage_days"):
+            frame[column] = frame[column].astype(np.int64)
+        for column in ("time_point", "reference_at"):
+            frame[column] = pd.Series(dtype="datetime64[us]")
+        return frame
+    grouped = rows.groupby(["object_id", "time_point"], sort=True).agg(
+        customer_id=("customer_id", "first"),
+        stage_days=("stage_days", "first"),
+        reference_at=("reference_at", "first"),
+        channels=("channel", lambda c: ",".join(sorted(c))),
+    )
+    return grouped.reset_index()[list(NOTICE_COLUMNS)]
+
+
+def first_notice_keys(notices: pd.DataFrame, stages: Sequence[int]) -> pd.DataFrame:
+    """The idempotency keys that tell where each notice stands: the notice of every stage of
+    its expiry on every channel (rule `service_renewal_notice`), and its own skip key.
+
+    KEY_COLUMNS plus `notice_time_point` (the notice the key is looked up for). Every known
+    channel, not only the enabled ones: a notice sent before a channel was disabled counts.
+    """
+    n = len(notices)
+    ids = notices["object_id"].to_numpy(dtype=np.int64)
+    expiry = notices["reference_at"].to_numpy(dtype="datetime64[us]")
+    own = notices["time_point"].to_numpy(dtype="datetime64[us]")
+    days = np.asarray(sorted(stages), dtype=np.int64)
+    per_notice = len(days) * len(CHANNELS)
+    stage = np.tile(np.repeat(days, len(CHANNELS)), n)
+    sent = pd.DataFrame(
+        {
+            "rule": RULE_RENEWAL,
+            "object_type": OBJECT_SERVICE,
+            "object_id": np.repeat(ids, per_notice),
+            "time_point": np.repeat(expiry, per_notice) - (stage * _DAY).astype("timedelta64[us]"),
+            "channel": np.tile(np.asarray(CHANNELS, dtype=object), n * len(days)),
+            "notice_time_point": np.repeat(own, per_notice),
+        }
+    )
+    skipped = pd.DataFrame(
+        {
+            "rule": RULE_RENEWAL_SKIPPED,
+            "object_type": OBJECT_SERVICE,
+            "object_id": ids,
+            "time_point": own,
+            "channel": SKIP_CHANNEL,
+            "notice_time_point": own,
+        }
+    )
+    return pd.concat([sent, skipped], ignore_index=True)
+
+
+def first_notice_gate(
+    notices: pd.DataFrame, keys: pd.DataFrame, existing: pd.DataFrame
+) -> pd.Series:
+    """For each notice (same index): `first`, `later` or `skipped` (NOTICE_*).
+
+    `keys` are `first_notice_keys(notices, ...)`; `existing` the idempotency rows found for
+    them (any columns including KEY_COLUMNS, e.g. `resources.idempotency.read_effects`).
+    A notice is `later` when any renewal notice of its expiry has a row, else `skipped`
+    when its own skip key has one, else `first`.
+    """
+    gate = pd.Series(NOTICE_FIRST, index=notices.index, dtype=object)
+    if notices.empty or existing.empty:
+        return gate
+    found = normalize_keys(keys).merge(
+        normalize_keys(existing[list(KEY_COLUMNS)]).drop_duplicates(), on=list(KEY_COLUMNS)
+    )
+    notice_index = pd.MultiIndex.from_arrays(
+        [
+            notices["object_id"].to_numpy(dtype=np.int64),
+            notices["time_point"].to_numpy(dtype="datetime64[us]"),
+        ]
+    )
+
+    def hit(rule: str) -> np.ndarray:
+        rows = found.loc[found["rule"] == rule]
+        keys_found = pd.MultiIndex.from_arrays(
+            [
+                rows["object_id"].to_numpy(dtype=np.int64),
+                rows["notice_time_point"].to_numpy(dtype="datetime64[us]"),
+            ]
+        )
+        return np.asarray(notice_index.isin(keys_found))
+
+    gate[hit(RULE_RENEWAL_SKIPPED)] = NOTICE_SKIPPED
+    gate[hit(RULE_RENEWAL)] = NOTICE_LATER
+    return gate
+
+
+def skip_keys(notices: pd.DataFrame) -> pd.DataFrame:
+    """The skip keys (KEY_COLUMNS) of these renewal notices, in their order."""
+    return pd.DataFrame(
+        {
+            "rule": RULE_RENEWAL_SKIPPED,
+            "object_type": OBJECT_SERVICE,
+            "object_id": notices["object_id"].to_numpy(dtype=np.int64),
+            "time_point": notices["time_point"].to_numpy(dtype="datetime64[us]"),
+            "channel": SKIP_CHANNEL,
+        },
+        index=notices.index,
+    )
 
 
 _TEXT = np.dtypes.StringDType()

@@ -5,18 +5,24 @@ duplicate run does nothing); its body computes
 ``orchestration.services.summary.ledger_summary`` as of the run's due and reports it as
 metadata: the summary numbers, a per-task table and a Markdown report, so the Dagster UI
 shows the ledger's health next to the assets.
+
+The asset also carries the ledger's own checks -- ``no_stale_leases``, ``no_lost_retries``,
+``no_unledgered_failed_runs`` (``orchestration/checks.py``, decided in
+``orchestration/services/ledger_checks.py``) -- reported by ``slot_health_sensor`` each slot
+and executable from the Catalog; this body does not run them.
 """
 
 import dagster as dg
 
 from orchestration.catalog import task_views
+from orchestration.services.ledger_checks import LEDGER_HEALTH_TASK
 from orchestration.services.summary import ledger_summary, summary_metadata
 from orchestration.task_asset import TaskRun, task_asset
 from resources.ledger import RunLedger
 
 
 @task_asset(
-    "ledger_health",
+    LEDGER_HEALTH_TASK,
     group_name="ledger",
     description=(
         "Ledger health every slot: active, stale, failed/success/manual-retry/dispatch-failed "

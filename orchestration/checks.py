@@ -1,4 +1,6 @@
-"""The ledger as asset checks: ``latest_due_accounted_for`` on every task asset.
+"""The ledger as asset checks: ``latest_due_accounted_for`` on every task asset, and
+``no_stale_leases``, ``no_lost_retries``, ``no_unledgered_failed_runs`` on ``ledger_health``
+(orchestration/services/ledger_checks.py), evaluated the same way.
 
 The check is evaluated from the ledger, never by running the task
 (orchestration/services/accounting.py): ``slot_health_sensor`` reports it for every task at
@@ -17,7 +19,30 @@ import dagster as dg
 from orchestration.registry import TaskView
 from orchestration.services.accounting import CHECK_NAME, account_latest_due
 from orchestration.services.alerts import utc_now
+from orchestration.services.ledger_checks import (
+    CHECK_NO_LOST_RETRIES,
+    CHECK_NO_STALE_LEASES,
+    CHECK_NO_UNLEDGERED_FAILED_RUNS,
+    LEDGER_CHECK_NAMES,
+    evaluate_ledger_check,
+    ledger_health_view,
+)
 from resources.ledger import RunLedger
+
+_LEDGER_CHECK_DESCRIPTIONS = {
+    CHECK_NO_STALE_LEASES: (
+        "Passes when no running ledger entry has an expired lease; fails naming the entries "
+        "lease_reclaim_sensor has not reclaimed (WARN within 3 minutes of the expiry)."
+    ),
+    CHECK_NO_LOST_RETRIES: (
+        "Passes when no retrying entry waits for a Dagster retry that will never come; fails "
+        "naming the entries ledger_outcome_sensor has not settled."
+    ),
+    CHECK_NO_UNLEDGERED_FAILED_RUNS: (
+        "Passes when every task run Dagster ended FAILURE or CANCELED in the last 24 h is in "
+        "the ledger; fails naming the runs that left no trace."
+    ),
+}
 
 
 def build_task_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinition]:
@@ -44,5 +69,29 @@ def _task_check(view: TaskView) -> dg.AssetChecksDefinition:
             severity=dg.AssetCheckSeverity.WARN if account.warning else dg.AssetCheckSeverity.ERROR,
             description=account.detail,
         )
+
+    return _check
+
+
+def build_ledger_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinition]:
+    """The ledger's own checks on the ``ledger_health`` asset (none without that task)."""
+    view = ledger_health_view(views)
+    if view is None:
+        return []
+    return [_ledger_check(view.spec.asset, name, views) for name in LEDGER_CHECK_NAMES]
+
+
+def _ledger_check(asset: str, name: str, views: Sequence[TaskView]) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=dg.AssetKey(asset),
+        name=name,
+        blocking=False,
+        description=(
+            f"{_LEDGER_CHECK_DESCRIPTIONS[name]} Evaluated from the ledger and Dagster's run "
+            f"records each slot by slot_health_sensor; executing it never runs a task."
+        ),
+    )
+    def _check(context: dg.AssetCheckExecutionContext, ledger: RunLedger) -> dg.AssetCheckResult:
+        return evaluate_ledger_check(name, ledger, context.instance, views, utc_now()).result()
 
     return _check

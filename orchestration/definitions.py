@@ -12,7 +12,7 @@ from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import build_resources, task_views
-from orchestration.checks import build_task_checks
+from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.factory import build_task_definitions
 from orchestration.hooks import Hooks
 from resources.core.settings import load_settings
@@ -27,7 +27,7 @@ _task_assets = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
 
 defs = dg.Definitions(
     assets=[task.build(_hooks) for task in _task_assets],
-    asset_checks=build_task_checks(_views),
+    asset_checks=[*build_task_checks(_views), *build_ledger_checks(_views)],
     jobs=_jobs,
     schedules=_schedules,
     sensors=SENSORS,

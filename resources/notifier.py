@@ -24,6 +24,10 @@ Every transaction that claims or writes a notification is fenced by the run's cl
 external delivery is checked once more right before it starts (a refused delivery's claims
 are released as ``failed``, so a later run sends them). Settling a delivery that happened is
 never refused: it records the truth.
+
+A notification decided against (a plugin listener denied it) is recorded by
+``skip_notifications``, once: a row under the skip's own key (never the message's key, so
+nothing reads as sent) and an ``automation_log`` row saying why, in one transaction.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from resources.idempotency import (
     records,
     settle_effects,
 )
-from resources.source_schema import naive_utc
+from resources.source_schema import automation_log, naive_utc
 
 if TYPE_CHECKING:
     # Imported where frames are made: the code location loads without pandas.
@@ -73,6 +77,9 @@ OUTCOMES: Final = (OUTCOME_SENT, OUTCOME_ALREADY_SENT, OUTCOME_FAILED, OUTCOME_I
 
 #: Messages per transaction: bounds lock time and statement size.
 DISPATCH_CHUNK_ROWS: Final = 1000
+
+#: The ``automation_log`` action of a skipped notification.
+ACTION_SKIPPED: Final = "notification_skipped"
 
 
 class Notifier(dg.ConfigurableResource):
@@ -344,6 +351,62 @@ def dispatch_notifications(
             if not failed.empty:
                 record(failed, OUTCOME_FAILED, failed_errors)
     return out
+
+
+def skip_notifications(
+    engine: sa.Engine,
+    skips: pd.DataFrame,
+    *,
+    at: datetime,
+    task_key: str,
+    entry_key: str,
+    guard: EffectGuard | None,
+) -> pd.DataFrame:
+    """Record notifications that will not be sent, each once; return the rows recorded now.
+
+    ``skips`` has KEY_COLUMNS -- the skip's own key (e.g. rule
+    ``service_renewal_notice_skipped``), not the message's -- and ``detail`` (why). In one
+    transaction: the key's ``side_effects`` row, ``succeeded`` (the skip is recorded), and an
+    ``automation_log`` row (action ``notification_skipped``, object, detail). A key recorded
+    before, by this run or a concurrent one, is left alone and not returned.
+    """
+    if skips.empty:
+        return skips.iloc[0:0]
+    missing = [c for c in (*KEY_COLUMNS, "detail") if c not in skips.columns]
+    if missing:
+        raise ValueError(f"skips frame is missing column(s) {missing}")
+    keys = normalize_keys(skips.reset_index(drop=True))
+    candidates = classify_effects(keys[list(KEY_COLUMNS)], read_effects(engine, keys))
+    candidates = candidates.loc[candidates["state"] == STATE_NEW]
+    if candidates.empty:
+        return keys.iloc[0:0]
+    # Fenced like a notification: a run that lost its entry must not settle the question.
+    with effect_transaction(engine, guard, "record skipped notifications") as conn:
+        claimed = claim_effects(conn, candidates, at=at, task_key=task_key, entry_key=entry_key)
+        recorded = keys.merge(claimed[["effect_id", *KEY_COLUMNS]], on=list(KEY_COLUMNS))
+        if not recorded.empty:
+            conn.execute(
+                sa.insert(automation_log),
+                [
+                    {
+                        "at": naive_utc(at),
+                        "task_key": task_key,
+                        "entry_key": entry_key,
+                        "action": ACTION_SKIPPED,
+                        "object_type": str(object_type),
+                        "object_id": int(object_id),
+                        "detail": str(detail),
+                    }
+                    for object_type, object_id, detail in zip(
+                        recorded["object_type"].tolist(),
+                        recorded["object_id"].tolist(),
+                        recorded["detail"].tolist(),
+                        strict=True,
+                    )
+                ],
+            )
+            settle_effects(conn, succeeded=recorded["effect_id"], at=at)
+    return recorded
 
 
 def outcome_counts(outcomes: pd.DataFrame, by: Sequence[str] = ("rule", "channel")) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """``slot_health_sensor``: once per slot, one warning listing reclaims, dispatch failures,
 missed dues and queue backlog — nothing when all is well; and every task asset's
-``latest_due_accounted_for`` check (orchestration/checks.py), reported without a run.
+``latest_due_accounted_for`` check and the ``ledger_health`` asset's ledger checks
+(orchestration/checks.py), reported without a run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from orchestration.registry import TaskView
 from orchestration.services.accounting import account_latest_due, check_evaluation
 from orchestration.services.alerts import Alerts, Clock, iso, utc_now
 from orchestration.services.audit import TaskAudit, audit_tasks
+from orchestration.services.ledger_checks import ledger_check_evaluations
 from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
@@ -184,11 +186,13 @@ def build_slot_health_sensor(
         since = last_at if last_at is not None else now - SUMMARY_WINDOW
         health = slot_health(ledger, views, now, since, instance=context.instance)
         cursor = json.dumps({"slot": format_due(slot), "at": now.astimezone(UTC).isoformat()})
-        # Every task asset's latest_due_accounted_for check, as of this slot's start.
+        # Every task asset's latest_due_accounted_for check, as of this slot's start, and
+        # the ledger's own checks on ledger_health (bounded queries each).
         checks = [
             check_evaluation(account_latest_due(v, ledger, now, instance=context.instance))
             for v in views
         ]
+        checks += ledger_check_evaluations(ledger, context.instance, views, now)
         if health.healthy:
             return dg.SensorResult(
                 skip_reason=f"slot {format_due(slot)}: healthy", cursor=cursor, asset_events=checks

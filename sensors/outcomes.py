@@ -39,9 +39,16 @@ from typing import Any, Final, Literal
 
 import dagster as dg
 
-from orchestration.registry import TaskView, task_keys_of_run
+from orchestration.registry import TaskView
 from orchestration.runtime import entry_request_from_tags, run_timed_out
 from orchestration.services.alerts import Alerts, utc_now
+from orchestration.services.dagster_runs import (
+    RETRY_LOST_AFTER,
+    RetryState,
+    attributed_tags,
+    dagster_retry_state,
+    newest_automatic_retry,
+)
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST, entry_subject
 from resources.core.due import Due
@@ -69,15 +76,8 @@ WILL_RETRY_GRACE: Final = timedelta(seconds=60)
 BATCH: Final = 200
 #: On first evaluation (no cursor), look this far back for run failures.
 FIRST_LOOKBACK: Final = timedelta(hours=24)
-#: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A
-#: failed run tagged ``dagster/will_retry=true`` that still has no retry this long after it
-#: ended has lost it (the daemon can read the failure event before the run's status and tag
-#: are written, and then passes over the run for good): nothing will launch that retry.
-RETRY_LOST_AFTER: Final = timedelta(minutes=3)
 #: Characters of a run's error an alert carries (the entry keeps all of it).
 ALERT_ERROR_CHARS: Final = 1000
-#: Automatic retries followed from one run (Dagster's max_retries is far smaller).
-MAX_RETRY_CHAIN: Final = 20
 #: A re-dispatch sensor evaluates once per REDISPATCH_SLOT_FRACTION of its slot, between
 #: these bounds (see :func:`redispatch_interval_seconds`).
 REDISPATCH_INTERVAL_MIN: Final = 30
@@ -89,9 +89,6 @@ _OUTCOME_EVENTS: Final[dict[str, _RunEnd]] = {
     "FAILURE": dg.DagsterEventType.RUN_FAILURE,
     "CANCELED": dg.DagsterEventType.RUN_CANCELED,
 }
-
-
-_ENDED: Final = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
 
 
 class Action(StrEnum):
@@ -240,18 +237,6 @@ def _launch_error(instance: dg.DagsterInstance, run_id: str) -> str:
     return ""
 
 
-def attributed_tags(run: dg.DagsterRun, views: Sequence[TaskView]) -> list[Mapping[str, str]]:
-    """The run's tags once per task it belongs to, each completed with ``dueledger/task``.
-
-    A run started from the Dagster UI (launchpad, "Materialize", asset-graph backfill)
-    carries no ``dueledger/task``: it is attributed by its job or the assets it executes
-    (``registry.task_keys_of_run``), so its failure before claiming is not invisible.
-    """
-    assets = [key.to_user_string() for key in run.asset_selection or ()]
-    keys = task_keys_of_run([v.spec for v in views], run.job_name, assets, run.tags)
-    return [{**run.tags, t.TAG_TASK: key} for key in keys]
-
-
 def run_outcome(
     instance: dg.DagsterInstance,
     event_record: dg.EventLogRecord,
@@ -351,60 +336,6 @@ def reconcile_events(
                             log.info(item.line())
             positions[status] = record.storage_id
     return json.dumps(positions, sort_keys=True), done
-
-
-class RetryState(StrEnum):
-    """Where Dagster stands on retrying one run."""
-
-    RUNNING = "running"  # the run has not ended
-    PENDING = "pending"  # Dagster may still create one
-    NOT_RETRIED = "not_retried"  # Dagster said it will not (or cannot) retry it
-    LOST = "lost"  # announced (will_retry=true), not created within RETRY_LOST_AFTER
-
-
-def dagster_retry_state(
-    status: dg.DagsterRunStatus,
-    tags: Mapping[str, str],
-    ended_at: float | None,
-    now: datetime,
-) -> RetryState:
-    """Pure: what Dagster will still do about retrying a run that has no automatic retry yet
-    (``ended_at``: its end, epoch s)."""
-    if status not in _ENDED:
-        return RetryState.RUNNING
-    announced = tags.get(t.DAGSTER_WILL_RETRY, "").lower()
-    if status == dg.DagsterRunStatus.CANCELED or announced == "false":
-        return RetryState.NOT_RETRIED
-    if ended_at is not None and now.timestamp() - ended_at < RETRY_LOST_AFTER.total_seconds():
-        return RetryState.PENDING
-    return RetryState.LOST if announced == "true" else RetryState.NOT_RETRIED
-
-
-def automatic_retry_of(instance: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun | None:
-    """Dagster's automatic retry of ``run`` (its child with ``dagster/retry_number``), if any."""
-    child_id = run.tags.get(t.DAGSTER_AUTO_RETRY_RUN_ID)
-    if child_id:
-        child = instance.get_run_by_id(child_id)
-        if child is not None:
-            return child
-    children = instance.get_runs(
-        filters=dg.RunsFilter(tags={t.DAGSTER_PARENT_RUN_ID: run.run_id}), limit=10
-    )
-    return next((c for c in children if t.DAGSTER_RETRY_NUMBER in c.tags), None)
-
-
-def newest_automatic_retry(instance: dg.DagsterInstance, run_id: str) -> dg.RunRecord | None:
-    """The end of ``run_id``'s chain of automatic retries (the run itself when it has none);
-    None when a run of the chain is gone or the chain is implausibly long."""
-    record = instance.get_run_record_by_id(run_id)
-    for _ in range(MAX_RETRY_CHAIN):
-        if record is None:
-            return None
-        child = automatic_retry_of(instance, record.dagster_run)
-        if child is None:
-            return record
-        record = instance.get_run_record_by_id(child.run_id)
-    return None
 
 
 def settle_abandoned_retries(

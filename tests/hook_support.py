@@ -7,9 +7,20 @@ test side of that (they used to live in ``orchestration/hooks.py``).
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import dagster as dg
 
-from orchestration.hooks import HookRegistry, Hooks, Listener
+from orchestration.hooks import (
+    ENV_HOOKS_FILE,
+    HookContext,
+    HookRegistry,
+    HookResult,
+    Hooks,
+    Listener,
+    deny,
+)
 from orchestration.task_asset import TaskAsset
 
 
@@ -45,3 +56,53 @@ def build(task: TaskAsset) -> dg.AssetsDefinition:
     """A task's asset as the code location builds it: with the environment's hooks
     (entry points and ``DUELEDGER_HOOKS_FILE``, loaded on first use)."""
     return task.build(Hooks.from_environment())
+
+
+# --- plain listener functions a hooks file names by target ("hook_support:...") -------------
+
+#: Every context the ``heard_*`` listeners got, in order (cleared by ``hooks_file``).
+HEARD: list[HookContext] = []
+
+
+def heard_allow(ctx: HookContext) -> None:
+    """Remembers the context; no objection."""
+    HEARD.append(ctx)
+
+
+def heard_deny(ctx: HookContext) -> HookResult:
+    """Remembers the context; denies, naming the customer."""
+    HEARD.append(ctx)
+    return deny(f"customer {ctx.data.get('customer_id')} renews by contract")
+
+
+def raising(ctx: HookContext) -> None:
+    """A listener whose own system is down."""
+    raise RuntimeError("crm unreachable")
+
+
+def sleeping(ctx: HookContext) -> None:
+    """A listener that answers after 1 s (longer than the timeouts the tests give it)."""
+    HEARD.append(ctx)
+    time.sleep(1.0)
+
+
+def hooks_file(path: Path, *listeners: dict[str, object]) -> dict[str, str]:
+    """Write a ``DUELEDGER_HOOKS_FILE`` with these ``[[listeners]]`` tables; the environment
+    variable to set. Clears ``HEARD``."""
+    HEARD.clear()
+    lines = []
+    for item in listeners:
+        lines.append("[[listeners]]")
+        for key, value in item.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = f'"{value}"'
+            elif isinstance(value, list | tuple):
+                text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+            else:
+                text = str(value)
+            lines.append(f"{key} = {text}")
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return {ENV_HOOKS_FILE: str(path)}

@@ -13,6 +13,9 @@ A plugin ships *listeners* (functions of one :class:`HookContext`) for named eve
 - ``tick.every_slot``, ``tick.every_minute``, ``tick.every_five_minutes``: once per slot,
   fired by the slot tick tasks (``assets/slot_ticks.py``). The two legacy names keep their
   names but, like every dueledger schedule, fire at most once per slot.
+- ``before_renewal_first_notice``: before the first renewal notice of a service's expiry
+  is sent (``billing_maintenance``); the context's ``data`` names the service, customer,
+  expiry, stage and channels. A deny from a blocking listener skips that notice.
 
 Registration: entry points in group ``dueledger.hooks`` (see :func:`load_hooks`) plus an
 optional TOML file named by ``DUELEDGER_HOOKS_FILE``. One :class:`Hooks` object per process
@@ -30,8 +33,8 @@ listener that times out or raises does not deny.
 Every outcome is logged as one JSON object per line (logger ``dueledger.hooks``, and the
 Dagster run/tick log when there is one) and stored, bounded, on the run's ledger entry
 (``summary.hooks``). This package does not import Dagster; ``orchestration/factory.py``,
-``orchestration/manual.py`` and ``orchestration/runtime.py`` are the thin shells that fire
-the events.
+``orchestration/manual.py``, ``orchestration/runtime.py`` and ``assets/domain_assets.py``
+(``billing_maintenance``) are the thin shells that fire the events.
 
 Modules: ``model`` (events, outcomes, results, context, listeners, the loaded registry),
 ``loading`` (entry points and the config file), ``firing`` (isolation and timeouts),
@@ -58,13 +61,16 @@ from orchestration.hooks.loading import (
 )
 from orchestration.hooks.model import (
     AFTER_TASK_CREATE,
+    BEFORE_RENEWAL_FIRST_NOTICE,
     BEFORE_TASK_CREATE,
     CREATE_EVENTS,
     DEFAULT_TIMEOUT_SECONDS,
     DEGRADE_ALLOWED_SYSTEM_TAGS,
+    DOMAIN_EVENTS,
     ENTRY_POINT_GROUP,
     ENV_HOOKS_FILE,
     EVENTS,
+    GATE_EVENTS,
     LOGGER,
     MAX_DEGRADE_TAGS,
     MAX_TAG_HOOKS_OUTCOMES,
@@ -122,13 +128,16 @@ from orchestration.hooks.registry import (
 
 __all__ = [
     "AFTER_TASK_CREATE",
+    "BEFORE_RENEWAL_FIRST_NOTICE",
     "BEFORE_TASK_CREATE",
     "CREATE_EVENTS",
     "DEFAULT_TIMEOUT_SECONDS",
     "DEGRADE_ALLOWED_SYSTEM_TAGS",
+    "DOMAIN_EVENTS",
     "ENTRY_POINT_GROUP",
     "ENV_HOOKS_FILE",
     "EVENTS",
+    "GATE_EVENTS",
     "LOGGER",
     "MAX_DEGRADE_TAGS",
     "MAX_TAG_HOOKS_OUTCOMES",

@@ -14,6 +14,7 @@ from typing import Any
 from orchestration.hooks.model import (
     BEFORE_TASK_CREATE,
     DEGRADE_ALLOWED_SYSTEM_TAGS,
+    GATE_EVENTS,
     MAX_DEGRADE_TAGS,
     MAX_TAG_KEY_CHARS,
     MAX_TAG_VALUE_CHARS,
@@ -77,12 +78,14 @@ class ListenerOutcome:
             "slot": context.slot,
             "run_id": context.run_id,
             "attempt": context.attempt,
+            "data": dict(context.data) or None,
         }
 
 
 @dataclass(frozen=True)
 class Dispatch:
-    """All outcomes of one event; for ``before_task_create`` also the decision."""
+    """All outcomes of one event; for a gate event (``before_task_create``,
+    ``before_renewal_first_notice``) also the decision."""
 
     context: HookContext
     outcomes: tuple[ListenerOutcome, ...] = ()
@@ -170,13 +173,14 @@ def _call(item: Listener, context: HookContext) -> tuple[str, Any]:
 def _judge(item: Listener, context: HookContext, value: Any) -> dict[str, Any]:
     """What a listener's return value means for this event (outcome fields)."""
     creating = context.event == BEFORE_TASK_CREATE
+    gate = context.event in GATE_EVENTS
     if value is None or isinstance(value, Allow):
         return {"outcome": OUTCOME_ALLOW}
     if isinstance(value, Deny):
         reason = bounded_text(value.reason) or "no reason given"
-        if creating and item.blocking:
+        if gate and item.blocking:
             return {"outcome": OUTCOME_DENY, "reason": reason}
-        why = "not a blocking listener" if creating else f"a deny has no effect on {context.event}"
+        why = "not a blocking listener" if gate else f"a deny has no effect on {context.event}"
         return {"outcome": OUTCOME_DENY_IGNORED, "reason": f"{reason} ({why})"}
     if isinstance(value, Degrade):
         if not creating:

@@ -19,15 +19,21 @@ TASK_FAILED: Final = "task_failed"
 TICK_EVERY_SLOT: Final = "tick.every_slot"
 TICK_EVERY_MINUTE: Final = "tick.every_minute"
 TICK_EVERY_FIVE_MINUTES: Final = "tick.every_five_minutes"
+#: Fired by billing_maintenance before the first renewal notice of a service's expiry.
+BEFORE_RENEWAL_FIRST_NOTICE: Final = "before_renewal_first_notice"
 CREATE_EVENTS: Final = (BEFORE_TASK_CREATE, AFTER_TASK_CREATE)
 TASK_EVENTS: Final = (TASK_BEFORE, TASK_AFTER, TASK_FAILED)
 SLOT_EVENTS: Final = (TICK_EVERY_SLOT, TICK_EVERY_MINUTE, TICK_EVERY_FIVE_MINUTES)
-EVENTS: Final = (*CREATE_EVENTS, *TASK_EVENTS, *SLOT_EVENTS)
+DOMAIN_EVENTS: Final = (BEFORE_RENEWAL_FIRST_NOTICE,)
+EVENTS: Final = (*CREATE_EVENTS, *TASK_EVENTS, *SLOT_EVENTS, *DOMAIN_EVENTS)
+#: Events that ask before something is done: a blocking listener's deny stops it (the run
+#: is not created, the notice is not sent). A deny of any other event changes nothing.
+GATE_EVENTS: Final = (BEFORE_TASK_CREATE, BEFORE_RENEWAL_FIRST_NOTICE)
 
 # --- outcomes (what one listener call came to) --------------------------------------------
 OUTCOME_ALLOW: Final = "allow"
-OUTCOME_DENY: Final = "deny"  # honored: a blocking listener denied before_task_create
-OUTCOME_DENY_IGNORED: Final = "deny_ignored"  # a non-blocking listener, or not a create event
+OUTCOME_DENY: Final = "deny"  # honored: a blocking listener denied a GATE_EVENTS event
+OUTCOME_DENY_IGNORED: Final = "deny_ignored"  # a non-blocking listener, or not a gate event
 OUTCOME_DEGRADE: Final = "degrade"
 OUTCOME_DEGRADE_IGNORED: Final = "degrade_ignored"  # degrade outside before_task_create
 OUTCOME_ERROR: Final = "error"
@@ -90,7 +96,8 @@ class Allow:
 
 @dataclass(frozen=True)
 class Deny:
-    """Do not create the run (honored only from a blocking listener, for before_task_create)."""
+    """Do not do it: create the run, send the notice (honored only from a blocking
+    listener, for the events in GATE_EVENTS)."""
 
     reason: str
 
@@ -112,7 +119,8 @@ def allow() -> Allow:
 
 
 def deny(reason: str) -> Deny:
-    """Refuse the run creation, saying why (honored from ``blocking=True`` listeners only)."""
+    """Refuse what the event announces (a run, a notice), saying why (honored from
+    ``blocking=True`` listeners only, for the events in GATE_EVENTS)."""
     return Deny(str(reason))
 
 
@@ -138,6 +146,9 @@ class HookContext:
     - ``tags``: the request's or run's tags (read-only).
     - ``error`` / ``status`` / ``failure_kind``: for ``task_failed`` (and ``status`` for
       ``task_after``): what happened and the ledger entry's status afterwards.
+    - ``data``: the facts of a domain event (read-only, JSON values), e.g. for
+      ``before_renewal_first_notice`` the service, customer, expiry, stage and channels;
+      empty for the other events.
     """
 
     event: str
@@ -152,15 +163,18 @@ class HookContext:
     error: str | None = None
     status: str | None = None
     failure_kind: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
             raise ValueError(f"unknown hook event {self.event!r}; known: {', '.join(EVENTS)}")
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
+        object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
 
     def for_event(self, event: str, **changes: Any) -> HookContext:
         """The same context for another event (e.g. ``after_task_create`` after ``before``)."""
-        return replace(self, **{"tags": dict(self.tags), **changes, "event": event})
+        base = {"tags": dict(self.tags), "data": dict(self.data)}
+        return replace(self, **{**base, **changes, "event": event})
 
     def as_json(self) -> dict[str, Any]:
         """The context without its tags (for log lines and ledger records)."""
@@ -173,6 +187,7 @@ class HookContext:
             "entry_id": self.entry_id,
             "attempt": self.attempt,
             "run_id": self.run_id,
+            "data": dict(self.data) or None,
         }
 
 

@@ -126,3 +126,17 @@ def test_every_task_job_tags_its_runs_for_the_ledger_and_the_queue():
         assert job.run_tags["dueledger/task"] == key
         # max_attempts 3, or 1 for SINGLE_ATTEMPT tasks
         assert job.run_tags["dagster/max_retries"] == ("0" if key in SINGLE_ATTEMPT else "2")
+
+
+#: The asset checks each task asset carries (the ledger in the Catalog, docs/operations.md).
+LEDGER_HEALTH_CHECKS = {"no_stale_leases", "no_lost_retries", "no_unledgered_failed_runs"}
+
+
+def test_asset_checks_match_the_snapshot():
+    actual: dict[str, set[str]] = {}
+    for checks_def in defs.asset_checks or []:
+        for key in checks_def.check_keys:
+            actual.setdefault(key.asset_key.to_user_string(), set()).add(key.name)
+    expected = {key: {"latest_due_accounted_for"} for key in EXPECTED}
+    expected["ledger_health"] |= LEDGER_HEALTH_CHECKS
+    assert actual == expected
