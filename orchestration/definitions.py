@@ -11,10 +11,11 @@ from assets.domain_assets import DOMAIN_ASSETS
 from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import build_resources, task_views
+from orchestration.catalog import build_resources, plugin_task_assets, task_views
 from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.factory import build_task_definitions
 from orchestration.hooks import Hooks
+from orchestration.task_plugins import TaskAssetLike
 from resources.core.settings import load_settings
 from sensors import SENSORS
 
@@ -23,7 +24,14 @@ _settings = load_settings()
 _hooks = Hooks.from_environment()
 _views = task_views(_settings)
 _jobs, _schedules = build_task_definitions(_views, hooks=_hooks)
-_task_assets = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
+# Core task assets, then those of the allowed plugin tasks (entry points `dueledger.tasks`).
+_task_assets: list[TaskAssetLike] = [
+    *TASK_ASSETS,
+    *DOMAIN_ASSETS,
+    ledger_health,
+    *SLOT_TICK_ASSETS,
+    *plugin_task_assets(_settings),
+]
 
 defs = dg.Definitions(
     assets=[task.build(_hooks) for task in _task_assets],

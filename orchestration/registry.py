@@ -25,7 +25,14 @@ from resources.core.slots import (
     slot_aligned_cron,
     slot_index,
 )
-from resources.core.tags import DAGSTER_MAX_RETRIES, DAGSTER_MAX_RUNTIME, TAG_TASK
+from resources.core.tags import (
+    DAGSTER_MAX_RETRIES,
+    DAGSTER_MAX_RUNTIME,
+    SOURCE_CORE,
+    SOURCE_PLUGIN_PREFIX,
+    TAG_SOURCE,
+    TAG_TASK,
+)
 
 STRICT_CURRENT_SLOT = "strict_current_slot"
 CATCH_UP = "catch_up"
@@ -87,6 +94,8 @@ class TaskSpecError(ValueError):
         )
         self.task_key = task_key
         self.field_name = field_name
+        #: The problem alone (a plugin's load error words the rest itself).
+        self.problem = problem
 
 
 # --- task spec ----------------------------------------------------------------------------
@@ -109,6 +118,14 @@ class TaskSpec:
     #: None, or "daily": the asset has UTC-daily partitions and each scheduled run
     #: targets the partition of its due's day (so the UI can backfill by day).
     partitions: str | None = None
+    #: Where the task is declared: "core" (orchestration/tasks.py) or "plugin:<name>", set
+    #: by the plugin loader (orchestration/task_plugins.py), never by a plugin itself.
+    source: str = SOURCE_CORE
+
+    @property
+    def from_plugin(self) -> bool:
+        """Declared by an installed plugin, not in orchestration/tasks.py."""
+        return self.source != SOURCE_CORE
 
     @property
     def job_name(self) -> str:
@@ -182,6 +199,7 @@ class TaskView:
             ),
             "overlap_policy": s.overlap_policy,
             "partitions": s.partitions,
+            "source": s.source,
             "warnings": list(self.warnings),
         }
 
@@ -317,6 +335,18 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
             "overlap_policy",
             f"unknown policy {spec.overlap_policy!r}; use one of {', '.join(OVERLAP_POLICIES)}",
         )
+    source = spec.source
+    if source != SOURCE_CORE and not (
+        isinstance(source, str)
+        and source.startswith(SOURCE_PLUGIN_PREFIX)
+        and len(source) > len(SOURCE_PLUGIN_PREFIX)
+    ):
+        raise TaskSpecError(
+            key,
+            "source",
+            f"{source!r} is neither {SOURCE_CORE!r} nor '{SOURCE_PLUGIN_PREFIX}<name>' "
+            f"(the plugin loader sets it; leave it out of a TaskSpec)",
+        )
 
 
 def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> list[TaskView]:
@@ -361,15 +391,20 @@ def task_run_tags(spec: TaskSpec) -> dict[str, str]:
 
     ``dueledger/task`` drives the run queue's one-per-task limit (overlap policy
     ``queue``); ``dagster/max_retries`` turns Dagster run retries into ledger attempts;
-    ``dagster/max_runtime`` lets run monitoring end a run that outlives its timeout.
-    Dagster applies a job's run tags to schedule runs but not to runs submitted with
-    ``dagster job launch`` or GraphQL, so manual launches and retries add them explicitly.
+    ``dagster/max_runtime`` lets run monitoring end a run that outlives its timeout;
+    ``dueledger/source`` (plugin tasks only) keeps the plugin's name on the run, for when
+    the plugin is gone. Dagster applies a job's run tags to schedule runs but not to runs
+    submitted with ``dagster job launch`` or GraphQL, so manual launches and retries add
+    them explicitly.
     """
-    return {
+    tags = {
         TAG_TASK: spec.key,
         DAGSTER_MAX_RETRIES: str(spec.max_attempts - 1),
         DAGSTER_MAX_RUNTIME: str(int(spec.timeout.total_seconds())),
     }
+    if spec.from_plugin:
+        tags[TAG_SOURCE] = spec.source
+    return tags
 
 
 def task_keys_of_run(
@@ -409,5 +444,5 @@ def require_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec:
     """
     spec = find_task(specs, key)
     if spec is None:
-        raise KeyError(f"no task {key!r} in orchestration/tasks.py")
+        raise KeyError(f"no task {key!r} in orchestration/tasks.py or an allowed plugin")
     return spec

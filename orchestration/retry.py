@@ -26,7 +26,7 @@ A re-execution started from the Dagster UI goes through ``record_retry`` too, at
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -86,10 +86,12 @@ def evaluate_retry(
     operator: str,
     operators: Operators,
     acknowledge_side_effects: bool,
+    unregistered: str | None = None,
 ) -> tuple[Decision, ...]:
     """Every rule of a manual retry of ``parent`` by ``operator``, each with its result.
 
-    ``spec`` is the task as registered *now* (None: no longer registered).
+    ``spec`` is the task as registered *now* (None: no longer registered; ``unregistered``
+    then says why, naming the plugin the task came from when that is known).
     """
     who = f"entry {parent.id} ({parent.task_key}, {parent.dedup_key})"
     checks = [operators.check(operator, ROLE_RETRIER)]
@@ -145,7 +147,8 @@ def evaluate_retry(
             Decision(
                 CHECK_REGISTERED,
                 False,
-                f"task {parent.task_key!r} is no longer registered in orchestration/tasks.py",
+                unregistered
+                or f"task {parent.task_key!r} is no longer registered in orchestration/tasks.py",
             )
         )
         checks.append(
@@ -211,13 +214,15 @@ def record_retry(
     acknowledge_side_effects: bool = False,
     action: str = ACTION_MANUAL_RETRY,
     context: str = "",
+    unregistered: str | None = None,
     now: datetime | None = None,
 ) -> RetryRecord:
     """Decide and record a manual retry of ``parent_id`` in one ledger transaction.
 
     Raises InvalidInput (no such entry) or Refused (a rule refused); both are audited, and
     nothing else is written. ``specs`` is the task registry as it is now. ``context`` is
-    appended to the audit outcome (e.g. which Dagster run asked).
+    appended to the audit outcome (e.g. which Dagster run asked). ``unregistered`` says why
+    the parent's task is not registered, when it is not (see :func:`retry_entry`).
     """
     suffix = f" ({context})" if context else ""
     refused: tuple[Decision, int] | None = None
@@ -243,6 +248,7 @@ def record_retry(
                 operator=operator,
                 operators=operators,
                 acknowledge_side_effects=acknowledge_side_effects,
+                unregistered=unregistered,
             )
             failed = first_failure(checks)
             stamped = failed is None and ledger.mark_manual_retry(
@@ -446,6 +452,20 @@ def launch_retry(
     return RetryResult(record, run_id, method, parent_run_id, root_run_id, status, launch_audit_id)
 
 
+def recorded_source(instance: dg.DagsterInstance, entry: Entry) -> str | None:
+    """The ``dueledger/source`` (``plugin:<name>``) the entry's runs carried, newest run
+    first; None when none did (a core task, or its runs are gone from Dagster)."""
+    for run_id in reversed(entry.run_ids):
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.tags.get(t.TAG_SOURCE):
+            return run.tags[t.TAG_SOURCE]
+    return None
+
+
+#: Why a task is not registered: (task key, the source its runs recorded) -> a sentence.
+ExplainUnregistered = Callable[[str, str | None], str]
+
+
 def retry_entry(
     ledger: RunLedger,
     parent_id: int,
@@ -457,9 +477,22 @@ def retry_entry(
     acknowledge_side_effects: bool,
     instance: dg.DagsterInstance,
     launcher: Launcher,
+    explain_unregistered: ExplainUnregistered | None = None,
     now: datetime | None = None,
 ) -> RetryResult:
-    """`dueledger runs retry`: record the retry (one transaction), then launch its run."""
+    """`dueledger runs retry`: record the retry (one transaction), then launch its run.
+
+    When the parent's task is no longer registered, ``explain_unregistered`` words the
+    refusal (e.g. naming the plugin the task came from, read off its runs' tags).
+    """
+    unregistered = None
+    parent = ledger.get(parent_id)
+    if (
+        explain_unregistered is not None
+        and parent is not None
+        and find_task(specs, parent.task_key) is None
+    ):
+        unregistered = explain_unregistered(parent.task_key, recorded_source(instance, parent))
     record = record_retry(
         ledger,
         parent_id,
@@ -468,6 +501,7 @@ def retry_entry(
         reason=reason,
         operators=operators,
         acknowledge_side_effects=acknowledge_side_effects,
+        unregistered=unregistered,
         now=now,
     )
     spec = find_task(specs, record.child.task_key)

@@ -34,10 +34,9 @@ from orchestration.retry import (
     retry_for_ui_reexecution,
     unrecorded_retry_refusal,
 )
-from orchestration.services.alerts import deliver_alert
-from orchestration.tasks import TASKS
+from orchestration.services.unsupported import end_unsupported, unsupported_message
+from orchestration.task_plugins import task_registry
 from resources.core import tags as t
-from resources.core.alerting import entry_subject
 from resources.core.due import Due, floor_to_slot, format_due
 from resources.core.fence import EffectGuard, FenceLost
 from resources.core.settings import load_settings
@@ -385,13 +384,18 @@ def resume_dispatch_failed_entry_in_its_retry(
     return ledger.get(entry.id) or entry
 
 
-def _mark_run(context: dg.AssetExecutionContext, entry: Entry, *, refused: bool) -> None:
+def _mark_run(
+    context: dg.AssetExecutionContext, entry: Entry, *, refused: bool, source: str | None = None
+) -> None:
     """Make the ledger navigable from the UI: tag the run with its entry, a refused run with
-    ``dueledger/outcome=refused``, and link the materialization to the entry's runs. Best
-    effort: the ledger already holds the truth."""
+    ``dueledger/outcome=refused``, a plugin task's run with ``dueledger/source`` (a UI launch
+    carries no job tags), and link the materialization to the entry's runs. Best effort:
+    the ledger already holds the truth."""
     tags = {t.TAG_ENTRY: str(entry.id)}
     if refused:
         tags[t.TAG_OUTCOME] = t.OUTCOME_REFUSED
+    if source and context.run.tags.get(t.TAG_SOURCE) != source:
+        tags[t.TAG_SOURCE] = source
     try:
         context.instance.add_run_tags(context.run.run_id, tags)
     except Exception as exc:
@@ -416,8 +420,6 @@ def _no_dagster_retry(context: dg.AssetExecutionContext) -> None:
 
 
 # --- plugin hooks and unsupported tasks (issue 6) -------------------------------------------
-#: Lease an unsupported run holds for the instant between its claim and its failure.
-_UNSUPPORTED_LEASE = timedelta(minutes=5)
 
 
 def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec]) -> bool:
@@ -502,57 +504,42 @@ def _end_unsupported(
     """A run of a task the code location does not declare: its entry ends ``failed`` with
     kind ``unsupported_task``, one alert, and the run fails without any retry."""
     run_id = context.run.run_id
-    message = (
-        f"task {request.task_key!r} ({t.TAG_TASK} of run {run_id}) is not registered in this "
-        f"code location: its plugin was removed or its key renamed. The run did nothing and "
-        f"is not retried. Registered tasks: {', '.join(s.key for s in tasks)}; to run the "
-        f"work, launch the task under its current key (`dueledger launch TASK ...`)."
-    )
+    source = context.run.tags.get(t.TAG_SOURCE)
+    why = task_registry().why_unregistered(request.task_key, source)
+    message = unsupported_message(request.task_key, run_id, why, tasks, started=True)
     # First: Dagster decides about a run retry from the run's tags when the run fails.
     _no_dagster_retry(context)
-    entry = ledger.ensure_entry(
+    end = end_unsupported(
+        ledger,
         task_key=request.task_key,
         trigger=request.trigger,
         dedup_key=request.dedup_key,
+        run_id=run_id,
+        message=message,
+        log=context.log,
         due=request.due,
-        max_attempts=1,
         operator=request.operator,
         reason=request.reason,
         parent_id=request.parent_id,
+        source=source,
     )
-    claim = ledger.claim(entry.id, run_id, lease_ttl=_UNSUPPORTED_LEASE)
-    if claim.claimed:
-        # unsupported_task is final in the ledger, whatever attempts the entry has left.
-        after = ledger.fail(entry.id, run_id, error=message, kind=t.FAILURE_UNSUPPORTED_TASK)
-        deliver_alert(
-            ledger,
-            context.log,
-            t.FAILURE_UNSUPPORTED_TASK,
-            entry_subject(entry.id),
-            task_key=request.task_key,
-            entry_id=entry.id,
-            run_id=run_id,
-            trigger=request.trigger,
-            dedup_key=request.dedup_key,
-            status=after.status,
-            message=message,
-        )
+    if end.ended and end.claimed is not None:
         fire_task_event(
             context,
             ledger,
             hooks,
             TASK_FAILED,
-            claim.entry,
+            end.claimed,
             None,
             error=message,
-            status=after.status,
+            status=end.entry.status,
             failure_kind=t.FAILURE_UNSUPPORTED_TASK,
         )
-    else:
-        context.log.warning(claim.reason or f"entry {entry.id}: claim refused")
+    elif not end.ended:
+        context.log.warning(end.refusal or f"entry {end.entry.id}: claim refused")
     raise dg.Failure(
         description=message,
-        metadata={"ledger_entry": entry.id, "failure_kind": t.FAILURE_UNSUPPORTED_TASK},
+        metadata={"ledger_entry": end.entry.id, "failure_kind": t.FAILURE_UNSUPPORTED_TASK},
         allow_retries=False,
     )
 
@@ -574,12 +561,12 @@ def task_run(
     Plugin hooks (``hooks``) fire around the body of a claimed run (``task_before``, then
     ``task_after`` or ``task_failed``); their outcomes are stored on the entry and never fail
     the task. Most assets do not call this directly: ``orchestration.task_asset`` does.
-    A run whose ``dueledger/task`` is not registered (``tasks``, default the registry) is
-    unsupported: its entry ends ``failed`` (``unsupported_task``), and ``dg.Failure`` is
-    raised without retries before the body runs.
+    A run whose ``dueledger/task`` is not registered (``tasks``, default the registered
+    tasks: core and allowed plugin tasks) is unsupported: its entry ends ``failed``
+    (``unsupported_task``), and ``dg.Failure`` is raised without retries before the body runs.
     """
     run_id = context.run.run_id
-    tasks = TASKS if tasks is None else tasks
+    tasks = task_registry().tasks if tasks is None else tasks
     request = entry_request_from_tags(task_tags(context.run.tags, spec), run_id)
     if not task_is_registered(request.task_key, spec, tasks):
         _end_unsupported(context, ledger, hooks, request, tasks)
@@ -620,7 +607,8 @@ def task_run(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"
     )
-    _mark_run(context, result.entry, refused=False)
+    source = spec.source if spec.from_plugin else None
+    _mark_run(context, result.entry, refused=False, source=source)
     claimed = result.entry
     _record_creation_hooks(context, ledger, request, claimed)
     fence = result.fence

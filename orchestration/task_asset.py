@@ -9,7 +9,8 @@ A task body is a generator of its materialization that gets the run it claimed::
 
 The factory writes what every task asset shares, once: the asset's name and its Dagster
 concurrency pool are the task key (DESIGN: overlap), the ``ledger`` resource is always
-required, the spec comes from the task registry, and the body runs inside
+required, the spec comes from the registered tasks (core and allowed plugin tasks,
+``orchestration.task_plugins.registered_tasks``), and the body runs inside
 ``orchestration.runtime.task_run`` -- a refused (late or duplicate) run yields nothing
 (``output_required=False``) and logs why. Every other parameter of the body (config,
 resources such as ``source`` or ``rules``) is Dagster's, exactly as on ``@dg.asset``; a
@@ -33,7 +34,7 @@ import dagster as dg
 from orchestration.hooks import Hooks
 from orchestration.registry import require_task
 from orchestration.runtime import TaskRun, task_run
-from orchestration.tasks import TASKS
+from orchestration.task_plugins import registered_tasks
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.
@@ -62,7 +63,7 @@ class TaskAsset:
         def compute(
             context: dg.AssetExecutionContext, ledger: RunLedger, **params: Any
         ) -> Iterator[Any]:
-            spec = require_task(TASKS, task_key)
+            spec = require_task(registered_tasks(), task_key)
             with task_run(context, ledger, spec, hooks=hooks) as run:
                 if not run.claimed:
                     return

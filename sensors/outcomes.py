@@ -14,6 +14,10 @@ storage id) and applies ledger rules 2 and 5:
   ``timeout`` (max runtime) or ``error``;
 - a ``retrying`` entry whose awaited retry will not come (Dagster will not retry, or
   announced a retry it has not created RETRY_LOST_AFTER later) -> ``failed``;
+- a run of a task this code location does not register (its plugin was uninstalled or is
+  no longer allowed: a queued run then fails when Dagster dequeues it, its job being gone)
+  and every ``retrying`` entry of such a task -> ``failed`` with kind ``unsupported_task``
+  and one alert (``orchestration/services/unsupported.py``), never retried;
 - anything else — terminal entries above all — is left alone.
 
 Every step is a compare-and-set in the ledger and checks the entry first, so evaluating
@@ -39,8 +43,8 @@ from typing import Any, Final, Literal
 
 import dagster as dg
 
-from orchestration.registry import TaskView
-from orchestration.runtime import entry_request_from_tags, run_timed_out
+from orchestration.registry import TaskSpec, TaskView
+from orchestration.runtime import EntryRequest, entry_request_from_tags, run_timed_out
 from orchestration.services.alerts import Alerts, utc_now
 from orchestration.services.dagster_runs import (
     RETRY_LOST_AFTER,
@@ -49,6 +53,12 @@ from orchestration.services.dagster_runs import (
     dagster_retry_state,
     newest_automatic_retry,
 )
+from orchestration.services.unsupported import (
+    end_unsupported,
+    unsupported_alert,
+    unsupported_message,
+)
+from orchestration.task_plugins import task_registry
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST, entry_subject
 from resources.core.due import Due
@@ -98,6 +108,16 @@ class Action(StrEnum):
     DISPATCH_FAILED = "dispatch_failed"  # never claimed -> dispatch_failed (+ error)
     FAIL_ATTEMPT = "fail_attempt"  # owner died, Dagster retries -> ledger.fail (retrying)
     FAIL_FINAL = "fail_final"  # no further attempt will come -> failed
+    UNSUPPORTED = "unsupported_task"  # its task is not registered -> failed, unsupported_task
+
+
+#: Why a task is not registered, naming its plugin (task key, the run's dueledger/source).
+Explain = Callable[[str, str | None], str]
+
+
+def explain_unregistered(task_key: str, recorded_source: str | None) -> str:
+    """The process's task registry says why ``task_key`` is not registered (the default)."""
+    return task_registry().why_unregistered(task_key, recorded_source)
 
 
 @dataclass(frozen=True)
@@ -213,6 +233,58 @@ def reconcile_run(
     return Reconciled(outcome.run_id, request.task_key, action, reason, entry)
 
 
+def end_unregistered(
+    ledger: RunLedger,
+    request: EntryRequest,
+    run_id: str,
+    registered: Sequence[TaskSpec],
+    *,
+    source: str | None = None,
+    explain: Explain = explain_unregistered,
+    now: datetime | None = None,
+    log: Any | None = None,
+) -> Reconciled:
+    """A run (``run_id``) of a task this code location does not register ended, or an entry
+    of such a task waits for a retry that cannot run: the entry ``request`` names ends
+    ``failed`` with kind ``unsupported_task`` and one alert, claimed for ``run_id``.
+    ``source`` is the ``dueledger/source`` the run carried. Terminal and ``dispatch_failed``
+    entries and entries running under another run are left alone; doing it twice changes
+    nothing the second time."""
+    entry = ledger.find(request.task_key, request.dedup_key)
+    if entry is not None:
+        if entry.is_terminal or entry.status == t.STATUS_DISPATCH_FAILED:
+            return Reconciled(
+                run_id, request.task_key, Action.NONE, f"entry is {entry.status}", entry
+            )
+        if entry.status == t.STATUS_RUNNING and entry.lease_owner != run_id:
+            reason = f"entry is running under run {entry.lease_owner}, which decides its outcome"
+            return Reconciled(run_id, request.task_key, Action.NONE, reason, entry)
+    started = entry is not None and entry.lease_owner == run_id
+    why = explain(request.task_key, source)
+    message = unsupported_message(request.task_key, run_id, why, registered, started=started)
+    end = end_unsupported(
+        ledger,
+        task_key=request.task_key,
+        trigger=request.trigger,
+        dedup_key=request.dedup_key,
+        run_id=run_id,
+        message=message,
+        log=log,
+        alert=False,  # raised with the tick's other alerts (alert_of)
+        due=request.due,
+        operator=request.operator,
+        reason=request.reason,
+        parent_id=request.parent_id,
+        source=source,
+        now=now,
+    )
+    if not end.ended:
+        return Reconciled(
+            run_id, request.task_key, Action.NONE, end.refusal or "claim refused", end.entry
+        )
+    return Reconciled(run_id, request.task_key, Action.UNSUPPORTED, why, end.entry)
+
+
 # --- reading Dagster's side ----------------------------------------------------------------------
 
 
@@ -289,12 +361,16 @@ def reconcile_events(
     cursor: str | None,
     now: datetime,
     log: Any | None = None,
+    *,
+    explain: Explain = explain_unregistered,
 ) -> tuple[str, list[Reconciled]]:
     """Handle run FAILURE / CANCELED events after ``cursor``; returns the new cursor and what
     was done. A FAILURE still waiting for its ``dagster/will_retry`` tag stops its batch
-    there (for at most WILL_RETRY_GRACE), so the next evaluation sees it again."""
+    there (for at most WILL_RETRY_GRACE), so the next evaluation sees it again. A run of a
+    task ``views`` do not hold is unsupported (:func:`end_unregistered`)."""
     positions = _load_cursor(cursor)
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
+    registered = [v.spec for v in views]
     done: list[Reconciled] = []
     for status, event_type in _OUTCOME_EVENTS.items():
         after = positions.get(status)
@@ -317,12 +393,26 @@ def reconcile_events(
                     and instance.run_retries_enabled
                     and t.DAGSTER_WILL_RETRY not in per_task[0]
                     and now.timestamp() - record.timestamp < WILL_RETRY_GRACE.total_seconds()
+                    # An unregistered task's entry ends whatever Dagster decides.
+                    and any(tags[t.TAG_TASK] in max_attempts for tags in per_task)
                 )
                 if waiting:
                     break
                 for tags in per_task:
                     try:
-                        item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
+                        if tags[t.TAG_TASK] in max_attempts:
+                            item = reconcile_run(ledger, tags, outcome, max_attempts, now=now)
+                        else:
+                            item = _end_unregistered_run(
+                                instance,
+                                ledger,
+                                tags,
+                                outcome.run_id,
+                                registered,
+                                explain,
+                                now,
+                                log,
+                            )
                     except ValueError as exc:
                         # Malformed tags (e.g. a hand-made dueledger/due): skip the run
                         # rather than stall the cursor on it forever. Ledger outages raise
@@ -344,6 +434,8 @@ def settle_abandoned_retries(
     views: Sequence[TaskView],
     now: datetime,
     log: Any | None = None,
+    *,
+    explain: Explain = explain_unregistered,
 ) -> list[Reconciled]:
     """``retrying`` entries whose awaited Dagster retry will never come.
 
@@ -360,13 +452,29 @@ def settle_abandoned_retries(
     The run's outcome is then applied as "no retry": a claimed run's entry becomes
     ``failed`` (keeping its error), a retry that died before claiming makes it
     ``dispatch_failed``. Without this sweep the entry would wait in ``retrying`` forever.
+
+    A ``retrying`` entry of a task the code location no longer registers ends at once
+    (:func:`end_unregistered`): Dagster cannot retry a run whose job is gone ("Could not
+    find job ... unable to retry the run", leaving ``dagster/will_retry=true``), and a retry
+    it created before still fails when dequeued. It is claimed for that retry run when one
+    exists, else for the entry's latest run.
     """
     tasks = {v.spec.key for v in views}
+    registered = [v.spec for v in views]
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
     waiting, _ = ledger.list_entries(statuses=[t.STATUS_RETRYING], limit=BATCH)
     done: list[Reconciled] = []
     for entry in waiting:
-        if entry.task_key not in tasks or not entry.run_ids:
+        if not entry.run_ids:
+            continue
+        if entry.task_key not in tasks:
+            item = end_unregistered_retry(
+                instance, ledger, entry, registered, explain=explain, now=now, log=log
+            )
+            if item.action is not Action.NONE:
+                done.append(item)
+                if log is not None:
+                    log.info(item.line())
             continue
         newest = newest_automatic_retry(instance, entry.run_ids[-1])
         if newest is None:
@@ -403,8 +511,9 @@ def settle_abandoned_retries(
 
 def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
     """The alert a reconciliation raises, as (kind, fields): ``retry_lost`` when Dagster
-    lost the retry an entry waited for, ``dispatch_failed`` when a run ended before it
-    claimed its entry; None for anything else."""
+    lost the retry an entry waited for, ``unsupported_task`` when an entry of a task that is
+    no longer registered was ended, ``dispatch_failed`` when a run ended before it claimed
+    its entry; None for anything else."""
     entry = item.entry
     if entry is None:
         return None
@@ -425,6 +534,8 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
                 f"if the work must run, `dueledger runs retry {entry.id}`"
             ),
         }
+    if item.action is Action.UNSUPPORTED:
+        return unsupported_alert(entry, item.run_id)
     if item.action is Action.DISPATCH_FAILED and entry.status == t.STATUS_DISPATCH_FAILED:
         failures = entry.summary.get(SUMMARY_DISPATCH_FAILURES) or [{}]
         last = failures[-1] if isinstance(failures[-1], Mapping) else {}
@@ -437,6 +548,62 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             ),
         }
     return None
+
+
+def end_unregistered_retry(
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    entry: Entry,
+    registered: Sequence[TaskSpec],
+    *,
+    explain: Explain = explain_unregistered,
+    now: datetime | None = None,
+    log: Any | None = None,
+) -> Reconciled:
+    """End a ``retrying`` entry of an unregistered task (:func:`end_unregistered`), claimed
+    for the retry it waits for when Dagster created one (its newest automatic retry, not yet
+    among the entry's runs), else for the entry's latest run."""
+    latest = entry.run_ids[-1]
+    newest = newest_automatic_retry(instance, latest)
+    run = newest.dagster_run if newest is not None else instance.get_run_by_id(latest)
+    run_id = run.run_id if run is not None and run.run_id not in entry.run_ids else latest
+    request = EntryRequest(
+        entry.task_key,
+        entry.trigger,
+        entry.dedup_key,
+        due=Due.coerce(entry.due) if entry.due is not None else None,
+        operator=entry.operator,
+        reason=entry.reason,
+        parent_id=entry.parent_id,
+    )
+    source = run.tags.get(t.TAG_SOURCE) if run is not None else None
+    return end_unregistered(
+        ledger, request, run_id, registered, source=source, explain=explain, now=now, log=log
+    )
+
+
+def _end_unregistered_run(
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    tags: Mapping[str, str],
+    run_id: str,
+    registered: Sequence[TaskSpec],
+    explain: Explain,
+    now: datetime,
+    log: Any | None,
+) -> Reconciled:
+    """An ended run of an unregistered task. The failure of the run that left its entry
+    ``retrying`` ends the entry for the retry Dagster queued, when there is one."""
+    request = entry_request_from_tags(tags, run_id)
+    entry = ledger.find(request.task_key, request.dedup_key)
+    if entry is not None and entry.status == t.STATUS_RETRYING and run_id in entry.run_ids:
+        return end_unregistered_retry(
+            instance, ledger, entry, registered, explain=explain, now=now, log=log
+        )
+    source = tags.get(t.TAG_SOURCE)
+    return end_unregistered(
+        ledger, request, run_id, registered, source=source, explain=explain, now=now, log=log
+    )
 
 
 def build_outcome_sensor(
@@ -455,7 +622,8 @@ def build_outcome_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Reconciles ledger entries with task runs that Dagster ended FAILURE or CANCELED "
-            "(killed worker, START_TIMEOUT, launch error, max runtime); never a new run."
+            "(killed worker, START_TIMEOUT, launch error, max runtime) and ends entries of "
+            "tasks no longer registered (unsupported_task); never a new run."
         ),
     )
     def ledger_outcome_sensor(

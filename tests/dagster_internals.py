@@ -29,7 +29,7 @@ import datetime as dt
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -601,8 +601,11 @@ def failing_launcher_config(marker: str | os.PathLike[str]) -> dict[str, Any]:
 # stopping through an in-process load of the same code location stops the daemon's schedules.
 
 
-def stop_schedules(instance: DagsterInstance, target: CodeTarget) -> list[str]:
-    """Stop every schedule of ``target``'s code location; returns their names."""
+def stop_schedules(
+    instance: DagsterInstance, target: CodeTarget, *, keep: Collection[str] = ()
+) -> list[str]:
+    """Stop every schedule of ``target``'s code location but those named in ``keep``;
+    returns the names of those stopped."""
     stopped: list[str] = []
     with daemon_workspace(instance, target) as ctx:
         request_context = ctx.create_request_context()
@@ -612,6 +615,8 @@ def stop_schedules(instance: DagsterInstance, target: CodeTarget) -> list[str]:
                 continue
             for repo in location.get_repositories().values():
                 for schedule in repo.get_schedules():
+                    if schedule.name in keep:
+                        continue
                     instance.stop_schedule(
                         schedule.get_remote_origin_id(), schedule.selector_id, schedule
                     )

@@ -52,16 +52,22 @@ def main() -> None:
 @json_option
 @handle_errors
 def tasks_cmd(as_json: bool) -> None:
-    """List registered tasks with declared and effective cadence."""
+    """List registered tasks (core and allowed plugin tasks) with declared and effective
+    cadence and where each comes from; plugin tasks not allowed and plugin load errors are
+    listed after the table (and by `dueledger hooks --json`)."""
     import warnings
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
+    from orchestration.task_plugins import task_registry
 
+    settings = load_settings()
+    # Load errors are printed below; their log lines would only repeat them on stderr.
+    registry = task_registry(settings, log_errors=False)
     with warnings.catch_warnings():
         # The cadence warnings are shown as a column here, not as Python warnings.
         warnings.simplefilter("ignore", UserWarning)
-        views = task_views(load_settings())
+        views = task_views(settings)
     rows = [v.as_json() for v in views]
     if as_json:
         print_json(rows)
@@ -80,12 +86,18 @@ def tasks_cmd(as_json: bool) -> None:
                 "manual_trigger",
                 "missed_slot_policy",
                 "overlap_policy",
+                "source",
             ],
         )
     )
     for row in rows:
         for note in row["warnings"]:  # type: ignore[attr-defined]
             click.echo(f"warning: {note}")
+    for found in registry.not_allowed:
+        click.echo(f"not allowed: {registry.why_unregistered(found.spec.key)}")
+    for problem in registry.load_errors:
+        target = f" ({problem.target})" if problem.target else ""
+        click.echo(f"plugin load error: {problem.source} {problem.name}{target}: {problem.error}")
 
 
 @main.command("launch")
@@ -108,9 +120,12 @@ def launch_cmd(
     from orchestration.hooks import Hooks
     from orchestration.manual import launch_manual
     from orchestration.operators import ROLE_RETRIER
-    from orchestration.tasks import TASKS
+    from orchestration.task_plugins import task_registry
 
     settings = local_settings()
+    registry = task_registry(settings)
+    if any(found.spec.key == task for found in registry.not_allowed):
+        raise Refused(f"{registry.why_unregistered(task)}. Nothing was launched.")
     ledger = open_ledger(settings)
     # Who launches (identity from the environment with an allow-list), then roles:
     # launching needs `retrier`; a refusal is audited. (An empty --operator is left to
@@ -120,7 +135,7 @@ def launch_cmd(
         operator = acting_operator(ledger, operators, operator, action="launch")
         require_role(ledger, operators, operator, ROLE_RETRIER, action="launch")
     result = launch_manual(
-        TASKS,
+        registry.tasks,
         task,
         operator=operator,
         reason=reason,

@@ -470,7 +470,7 @@ def retry_cmd(
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION, retry_entry
     from orchestration.services.launch import DagsterCliLauncher
-    from orchestration.tasks import TASKS
+    from orchestration.task_plugins import task_registry
 
     entry_no = parse_entry_id(entry_id)
     _operator(operator)  # a malformed name is exit 2 before anything is read
@@ -484,17 +484,20 @@ def retry_cmd(
     name = acting_operator(
         ledger, operators, operator, action=ACTION_MANUAL_RETRY, entry_id=entry_no, reason=reason
     )
+    registry = task_registry(settings)
     with dagster_instance() as instance:
         result = retry_entry(
             ledger,
             entry_no,
-            specs=TASKS,
+            specs=registry.tasks,
             operator=name,
             reason=reason.strip(),
             operators=operators,
             acknowledge_side_effects=acknowledge_side_effects,
             instance=instance,
             launcher=DagsterCliLauncher(),
+            # A task from a plugin that is gone is refused naming the plugin.
+            explain_unregistered=registry.why_unregistered,
         )
     if as_json:
         print_json(result.as_json())

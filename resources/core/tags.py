@@ -21,6 +21,13 @@ TAG_ENTRY: Final = "dueledger/entry"
 #: Added to a run the ledger refused (duplicate, late, rule), so it is not a silent green.
 TAG_OUTCOME: Final = "dueledger/outcome"
 OUTCOME_REFUSED: Final = "refused"
+#: On runs of a task an installed plugin contributes: ``plugin:<name>``, so a ledger entry
+#: still names its plugin after the plugin is gone (core tasks' runs carry no such tag).
+TAG_SOURCE: Final = "dueledger/source"
+
+# --- where a task comes from ------------------------------------------------------------
+SOURCE_CORE: Final = "core"
+SOURCE_PLUGIN_PREFIX: Final = "plugin:"
 
 # --- trigger values -------------------------------------------------------------------
 TRIGGER_SCHEDULE: Final = "schedule"
