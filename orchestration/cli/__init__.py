@@ -141,7 +141,13 @@ def launch_cmd(
 
 @main.command("sample-data")
 @click.option("--services", default=200, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=7, show_default=True, type=int)
+@click.option(
+    "--seed",
+    default=7,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Random seed (a non-negative integer); the same seed gives the same data.",
+)
 @click.option(
     "--as-of",
     default=None,

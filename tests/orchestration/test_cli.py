@@ -119,6 +119,8 @@ def test_mask_url_hides_the_password_and_secret_query_values():
     ("args", "expected"),
     [
         (["sample-data", "--seed", "abc", "--json"], "'abc' is not a valid integer"),
+        # A negative seed was exit 3 with numpy's "expected non-negative integer".
+        (["sample-data", "--seed", "-1", "--json"], "Invalid value for '--seed': -1"),
         (["runs", "show", "--json"], "Missing argument"),
         (["sample-data", "--services", "0", "--json"], "--services"),
         (["summary", "--no-such-option", "--json"], "No such option"),
