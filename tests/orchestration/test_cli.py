@@ -116,6 +116,25 @@ def test_mask_url_hides_the_password_and_secret_query_values():
 
 
 @pytest.mark.parametrize(
+    ("variable", "args"),
+    [("DUELEDGER_SOURCE_URL", ["sample-data"]), ("DUELEDGER_DATABASE_URL", ["runs", "list"])],
+)
+def test_a_url_with_an_unencoded_at_in_its_password_is_invalid_input_that_hides_it(
+    monkeypatch, tmp_path, variable, args
+):
+    # The driver took what follows the first @ for the host and printed it in its error:
+    # 'could not translate host name "secret@nohost.invalid"'.
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(variable, "postgresql+psycopg2://u:top@secret@nohost.invalid/db")
+    code, out = invoke(*args, "--json")
+    assert code == 2, out
+    message = json.loads(out)["error"]
+    assert "secret" not in message and "top" not in message
+    assert f"{variable}=postgresql+psycopg2://u:***@nohost.invalid/db" in message
+    assert "%40" in message
+
+
+@pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["sample-data", "--seed", "abc", "--json"], "'abc' is not a valid integer"),
