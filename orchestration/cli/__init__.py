@@ -132,7 +132,13 @@ def launch_cmd(
     if as_json:
         print_json(result.as_json())
         return
-    verb = "already launched" if result.existing else "launched"
+    verb = (
+        "already launched"
+        if result.existing
+        else "re-dispatched (its earlier launch had failed)"
+        if result.redispatched
+        else "launched"
+    )
     click.echo(
         f"{verb}: task {result.task_key} run {result.run_id} ({result.run_status}), "
         f"ledger entry {result.entry_id}, request id {result.request_id}"

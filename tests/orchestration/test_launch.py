@@ -251,6 +251,8 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
         )
     assert submitted == [manual_run_id("order_cleanup", "r")]
     assert result.entry_id == failed.id
+    # It says so: the caller learns the request was re-dispatched, not launched anew.
+    assert result.as_json()["redispatched"] is True and result.as_json()["existing"] is False
     entry = ledger.get(failed.id)
     assert entry is not None and entry.status == t.STATUS_QUEUED  # its run can claim it
     assert ledger.claim(entry.id, submitted[0], lease_ttl=timedelta(minutes=5)).claimed
