@@ -89,7 +89,7 @@ def sqlite_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
 def test_demo_data_a_local_platform_worked_on_is_replaced_without_asking(
     sqlite_source: str, tmp_path: Path
 ) -> None:
-    sample_data("--services", "200", "--json")
+    sample_data("--services", "80", "--json")
     generated = table_rows(sqlite_source)
     source = SourceStore(url=sqlite_source)
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
