@@ -35,6 +35,8 @@ class LaunchResult:
     task_key: str
     existing: bool
     run_status: str
+    #: The request's earlier launch had failed (dispatch_failed): this launch re-dispatched it.
+    redispatched: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -44,6 +46,7 @@ class LaunchResult:
             "task_key": self.task_key,
             "existing": self.existing,
             "run_status": self.run_status,
+            "redispatched": self.redispatched,
         }
 
 
@@ -116,7 +119,8 @@ def launch_manual(
         record(ledger, entry.id, gate.before.records())
         # This request's earlier launch failed before any run existed: launching it again
         # is its re-dispatch, so its run finds the entry claimable.
-        if entry.status == t.STATUS_DISPATCH_FAILED and not ledger.redispatch(entry.id):
+        redispatched = entry.status == t.STATUS_DISPATCH_FAILED
+        if redispatched and not ledger.redispatch(entry.id):
             raise Refused(
                 f"request {request_id!r} of task {task_key!r} (entry {entry.id}) is "
                 f"dispatch_failed and was retried by hand since; launch a new request "
@@ -138,6 +142,6 @@ def launch_manual(
                 record(ledger, entry.id, announced.after.records())
         run = instance.get_run_by_id(run_id)
     else:
-        run, was_existing = existing, True
+        run, was_existing, redispatched = existing, True, False
     status = run.status.value if run is not None else "UNKNOWN"
-    return LaunchResult(entry.id, run_id, request_id, task_key, was_existing, status)
+    return LaunchResult(entry.id, run_id, request_id, task_key, was_existing, status, redispatched)

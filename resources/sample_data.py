@@ -11,7 +11,8 @@ The same `(services, seed, as_of)` always yields the same rows: one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ import numpy.typing as npt
 import pandas as pd
 import sqlalchemy as sa
 
+from resources.core.settings import mask_url
 from resources.source_schema import (
     CHANNELS,
     ORDER_CANCELLED,
@@ -32,7 +34,10 @@ from resources.source_schema import (
     TICKET_CLOSED,
     TICKET_OPEN,
     TICKET_WAITING_CUSTOMER,
+    automation_log,
+    invoices,
     naive_utc,
+    sample_data_generated,
 )
 from resources.source_store import create_schema
 
@@ -298,6 +303,134 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
+@dataclass(frozen=True)
+class StoreContents:
+    """What the business tables of a source store hold, against what sample-data recorded
+    generating into it (the ``sample_data_generated`` table)."""
+
+    #: Rows per business table (SOURCE_TABLES order).
+    rows: dict[str, int]
+    #: Of those, rows sample-data did not generate and no dueledger task added: a table
+    #: with no record of generated rows counts whole.
+    not_generated: dict[str, int]
+    #: How the recorded sample was made (seed, services, as_of), None without a record.
+    generation: tuple[str, int, datetime] | None
+
+    @property
+    def empty(self) -> bool:
+        """True when no business table holds a row."""
+        return not any(self.rows.values())
+
+
+def _describe(counts: Mapping[str, int]) -> str:
+    """``counts`` as text: "3 customers, 1 invoices"."""
+    return ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+
+
+def _generated_before(conn: sa.Connection) -> dict[str, Any]:
+    """The ``sample_data_generated`` rows by table name."""
+    return {row.table_name: row for row in conn.execute(sa.select(sample_data_generated))}
+
+
+def _added_by_a_task(table: sa.Table, log_id: int) -> sa.ColumnElement[bool] | None:
+    """Rows of ``table`` a dueledger task added while working on the sample: a renewal's
+    invoice, traced by the automation_log row its task wrote at the same instant about its
+    service since the sample was generated. None where no task adds rows."""
+    if table is not invoices:
+        return None
+    return sa.exists().where(
+        automation_log.c.id > log_id,
+        automation_log.c.object_type == "service",
+        automation_log.c.object_id == invoices.c.service_id,
+        automation_log.c.at == invoices.c.created_at,
+    )
+
+
+def store_contents(conn: sa.Connection) -> StoreContents:
+    """Count the business tables' rows and those sample-data did not generate.
+
+    A row is generated when its table has a ``sample_data_generated`` record and its id is
+    within the ids generated (1..generated_rows); a row above them that a dueledger task added while
+    working on the sample (see `_added_by_a_task`) counts as generated too, so demo data a
+    local platform has worked on is still demo data. Everything else — rows inserted by
+    anyone else, every row of a table without a record — is not generated.
+    """
+    recorded = _generated_before(conn)
+    rows: dict[str, int] = {}
+    not_generated: dict[str, int] = {}
+    for table in SOURCE_TABLES:
+        count = sa.select(sa.func.count()).select_from(table)
+        rows[table.name] = int(conn.execute(count).scalar_one())
+        record = recorded.get(table.name)
+        if record is None:
+            not_generated[table.name] = rows[table.name]
+            continue
+        foreign = count.where(table.c.id > record.generated_rows)
+        added = _added_by_a_task(table, record.automation_log_id)
+        if added is not None:
+            foreign = foreign.where(~added)
+        not_generated[table.name] = int(conn.execute(foreign).scalar_one())
+    generation = None
+    if recorded:
+        first = next(iter(recorded.values()))
+        generation = (first.seed, first.services, first.sample_as_of)
+    return StoreContents(rows, not_generated, generation)
+
+
+class StoreNotEmpty(ValueError):
+    """The store already has data and ``replace`` was not given; nothing was changed."""
+
+    def __init__(self, occupied: Sequence[str]) -> None:
+        self.occupied = list(occupied)
+        super().__init__(
+            f"the source store already has data in {', '.join(occupied)}; refusing to "
+            f"overwrite it. Pass replace=True to delete and regenerate the source tables "
+            f"(automation_log is kept), or point at an empty database."
+        )
+
+
+class ReplaceRefused(ValueError):
+    """``replace`` would delete what may not be demo data; nothing was changed.
+
+    Refused on a server database (PostgreSQL: it may be shared or production) and on a
+    store holding rows sample-data did not generate, unless ``delete_everything``.
+    """
+
+    def __init__(self, where: str, server: bool, contents: StoreContents) -> None:
+        self.where, self.server, self.contents = where, server, contents
+        super().__init__(self.message("delete_everything=True"))
+
+    def message(self, flag: str) -> str:
+        """Why it was refused, naming ``flag`` (the option that allows it) as the fix."""
+        contents = self.contents
+        if contents.generation is None:
+            origin = "sample-data has no record of generating any of them"
+        else:
+            seed, services, as_of = contents.generation
+            made = f"seed {seed}, {services} services, as of {as_of:%Y-%m-%dT%H:%M:%S}Z"
+            foreign = _describe(contents.not_generated)
+            origin = (
+                f"sample-data generated them ({made})"
+                if not any(contents.not_generated.values())
+                else f"sample-data did not generate {foreign} of them ({made}), nor did a "
+                f"dueledger task add them"
+            )
+        why = (
+            f"{self.where} is a server database, which may be shared or production"
+            if self.server
+            else f"{self.where} holds rows sample-data did not generate"
+        )
+        if contents.empty:
+            holds = "It holds no rows yet, so there is nothing to replace"
+        else:
+            holds = f"It holds {_describe(contents.rows)}; {origin}"
+        return (
+            f"refusing to replace the sample data: {why}. {holds}. If everything in its "
+            f"customers, services, invoices, payments, orders and tickets may be deleted, "
+            f"repeat with {flag}. Nothing was changed."
+        )
+
+
 def generate_sample_data(
     engine: sa.Engine,
     *,
@@ -305,14 +438,18 @@ def generate_sample_data(
     seed: int = 7,
     as_of: datetime,
     replace: bool = False,
+    delete_everything: bool = False,
 ) -> dict[str, int]:
     """Fill the source store with deterministic sample data around `as_of`; return row counts.
 
-    Creates the schema if needed. Refuses (ValueError) when any source table already
-    holds rows, unless `replace=True`, which deletes and regenerates the source tables
-    (customers, services, invoices, payments, orders, tickets) in one transaction;
-    `automation_log` is history and is kept. `services` sets the scale: about half as
-    many customers and orders, one invoice per service, a quarter as many tickets.
+    Creates the schema if needed and records what it generated (``sample_data_generated``).
+    Refuses (StoreNotEmpty) when any source table already holds rows, unless `replace=True`, which
+    deletes and regenerates the source tables (customers, services, invoices, payments,
+    orders, tickets) in one transaction; `automation_log` and the side-effect log are
+    history and are kept. Replacing is refused (ReplaceRefused) on PostgreSQL and on a store
+    holding rows sample-data did not generate (`store_contents`), unless
+    `delete_everything=True`. `services` sets the scale: about half as many customers and
+    orders, one invoice per service, a quarter as many tickets.
     """
     frames = build_sample_frames(services=services, seed=seed, as_of=as_of)
     create_schema(engine)
@@ -323,17 +460,37 @@ def generate_sample_data(
             if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
         ]
         if occupied and not replace:
-            raise ValueError(
-                f"the source store already has data in {', '.join(occupied)}; refusing to "
-                f"overwrite it. Pass replace=True to delete and regenerate the source tables "
-                f"(automation_log is kept), or point at an empty database."
-            )
+            raise StoreNotEmpty(occupied)
+        server = conn.dialect.name != "sqlite"
+        if replace and not delete_everything:
+            # Counted in the transaction that deletes, so what was judged is what goes.
+            contents = store_contents(conn)
+            if server or any(contents.not_generated.values()):
+                where = mask_url(engine.url.render_as_string(hide_password=False))
+                raise ReplaceRefused(where, server, contents)
         for table in reversed(SOURCE_TABLES):  # children first, for the foreign keys
             conn.execute(sa.delete(table))
         for table in SOURCE_TABLES:
             records = _records(frames[table.name])
             if records:
                 conn.execute(sa.insert(table), records)
+        last_log = sa.select(sa.func.coalesce(sa.func.max(automation_log.c.id), 0))
+        log_id = int(conn.execute(last_log).scalar_one())
+        conn.execute(sa.delete(sample_data_generated))
+        conn.execute(
+            sa.insert(sample_data_generated),
+            [
+                {
+                    "table_name": name,
+                    "generated_rows": len(frame),
+                    "seed": str(seed),
+                    "services": services,
+                    "sample_as_of": naive_utc(as_of),
+                    "automation_log_id": log_id,
+                }
+                for name, frame in frames.items()
+            ],
+        )
         if conn.dialect.name == "postgresql":
             # Explicit ids do not advance PostgreSQL's sequences; move them past the
             # inserted ids so later inserts without an id do not collide.

@@ -150,6 +150,26 @@ automation_log = sa.Table(
 #: Ordered parents first; delete in reverse.
 SOURCE_TABLES: Final = (customers, services, invoices, payments, orders, tickets)
 
+#: What `dueledger sample-data` generated into this store: one row per business table it
+#: filled, written in the same transaction as the rows. `sample-data --replace` compares
+#: the tables against it, so it deletes demo data without asking and anything else only
+#: when told to (see ``resources/sample_data.py``).
+sample_data_generated = sa.Table(
+    "sample_data_generated",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("table_name", sa.String(64), nullable=False, unique=True),
+    # The generated rows of table_name have ids 1..generated_rows.
+    sa.Column("generated_rows", sa.Integer, nullable=False),
+    # How they were generated; text, because any integer is a valid seed.
+    sa.Column("seed", sa.String(100), nullable=False),
+    sa.Column("services", sa.Integer, nullable=False),
+    sa.Column("sample_as_of", sa.DateTime, nullable=False),
+    # automation_log's highest id at generation: the log rows above it were written by the
+    # tasks since, and trace the rows a task added (a renewal's invoice).
+    sa.Column("automation_log_id", sa.Integer, nullable=False),
+)
+
 #: Every DateTime column name in the schema; `read_frame` parses these wherever they appear.
 DATETIME_COLUMNS: Final = frozenset(
     column.name

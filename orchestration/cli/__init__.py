@@ -8,7 +8,6 @@ printed as ``{"error": message}`` on stdout as well.
 from __future__ import annotations
 
 import click
-from sqlalchemy.engine import make_url
 
 from orchestration.cli.alerts import alerts_cmd
 from orchestration.cli.hooks import hooks_cmd
@@ -26,6 +25,7 @@ from orchestration.cli.support import (
     table,
     today_utc,
 )
+from resources.core.errors import InvalidInput
 from resources.core.settings import load_settings, mask_url
 
 
@@ -148,7 +148,13 @@ def launch_cmd(
     if as_json:
         print_json(result.as_json())
         return
-    verb = "already launched" if result.existing else "launched"
+    verb = (
+        "already launched"
+        if result.existing
+        else "re-dispatched (its earlier launch had failed)"
+        if result.redispatched
+        else "launched"
+    )
     click.echo(
         f"{verb}: task {result.task_key} run {result.run_id} ({result.run_status}), "
         f"ledger entry {result.entry_id}, request id {result.request_id}"
@@ -157,18 +163,29 @@ def launch_cmd(
 
 @main.command("sample-data")
 @click.option("--services", default=200, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=7, show_default=True, type=int)
+@click.option(
+    "--seed",
+    default=7,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Random seed (a non-negative integer); the same seed gives the same data.",
+)
 @click.option(
     "--as-of",
     default=None,
     help="Anchor instant (ISO-8601, UTC); default: today 00:00Z, so a day's data is stable.",
 )
-@click.option("--replace", is_flag=True, help="Regenerate even if sample data exists.")
 @click.option(
-    "--confirm-database",
-    default=None,
-    metavar="NAME",
-    help="With --replace on a server database: its name, to confirm deleting its data.",
+    "--replace",
+    is_flag=True,
+    help="Delete the sample data in the store and generate it anew (automation_log is kept).",
+)
+@click.option(
+    "--yes-delete-everything",
+    "delete_everything",
+    is_flag=True,
+    help="With --replace: also when the store is PostgreSQL or holds rows sample-data did "
+    "not generate; every customer, service, invoice, payment, order and ticket is deleted.",
 )
 @json_option
 @handle_errors
@@ -177,31 +194,37 @@ def sample_data_cmd(
     seed: int,
     as_of: str | None,
     replace: bool,
-    confirm_database: str | None,
+    delete_everything: bool,
     as_json: bool,
 ) -> None:
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
-    from resources.sample_data import generate_sample_data
+    from resources.sample_data import ReplaceRefused, StoreNotEmpty, generate_sample_data
     from resources.source_store import make_engine
 
     settings = local_settings()
     anchor = parse_instant(as_of, "--as-of") if as_of else today_utc()
-    url = make_url(settings.source_url)
-    if replace and url.get_backend_name() != "sqlite" and confirm_database != url.database:
-        # A local SQLite file is the sample store; a server database may be production.
-        raise Refused(
-            f"--replace deletes every customer, service, invoice, payment, order and ticket "
-            f"in {mask_url(settings.source_url)}; if that is meant, repeat with "
-            f"--confirm-database {url.database}. Nothing was changed."
+    if delete_everything and not replace:
+        raise InvalidInput(
+            "--yes-delete-everything only applies to --replace; add --replace to delete the "
+            "store's data and generate it anew, or drop --yes-delete-everything"
         )
     engine = make_engine(settings.source_url)
     try:
         counts = generate_sample_data(
-            engine, services=services, seed=seed, as_of=anchor, replace=replace
+            engine,
+            services=services,
+            seed=seed,
+            as_of=anchor,
+            replace=replace,
+            delete_everything=delete_everything,
         )
-    except ValueError as exc:
+    except ReplaceRefused as exc:
+        raise Refused(exc.message("--replace --yes-delete-everything")) from exc
+    except StoreNotEmpty as exc:
         raise Refused(str(exc).replace("replace=True", "--replace")) from exc
+    except ValueError as exc:
+        raise Refused(str(exc)) from exc
     finally:
         engine.dispose()
     where = mask_url(settings.source_url)  # never print the store's password

@@ -9,7 +9,13 @@ coordinator, not waited for:
   mutation the UI's "Re-execute" button sends, ``launchRunReexecution``, in-process
   (instance from DAGSTER_HOME, code from the workspace), so Dagster sets the lineage tags.
 
-Every way a launch can fail (the command cannot start, exits non-zero, outlives
+Neither command line carries a value: each runs as ``python -c`` with a small fixed
+program (`STDIN_DRIVER`) that reads the command's arguments as JSON from stdin and calls
+its console script. A run's tags (an operator's reason is up to 2,000 characters) and the
+GraphQL variables so never meet the OS limit on the length of a command line, nor show in
+``ps`` to other users of the machine.
+
+Every way a launch can fail (the command cannot start, exits non-zero, is killed, outlives
 ``LAUNCH_TIMEOUT_SECONDS``, or answers with an error) becomes one `LaunchFailed` whose
 message names the command and what it said. The run ids dueledger chooses itself are
 derived here too, from uuid5 namespaces that must never change: a run id is how a second
@@ -42,6 +48,18 @@ _RETRY_RUN_ID_NAMESPACE: Final = uuid.UUID("0d3c7b4e-5a0f-4c7e-9d36-2b8f1f6e7a52
 #: runs whole; FROM_FAILURE would refuse a parent whose Dagster run itself succeeded (e.g.
 #: a lease that was reclaimed while the run finished late).
 REEXECUTION_STRATEGY: Final = "ALL_STEPS"
+
+#: What ``python -c`` runs for each Dagster command line: read ``[script, *args]`` as JSON
+#: from stdin and call that console script's entry point with them as its ``sys.argv``, as
+#: the installed ``dagster`` / ``dagster-graphql`` executables do.
+STDIN_DRIVER: Final = """\
+import json, sys
+from importlib.metadata import entry_points
+script, *args = json.load(sys.stdin)
+(entry_point,) = entry_points(group="console_scripts", name=script)
+sys.argv = [script, *args]
+sys.exit(entry_point.load()())
+"""
 
 #: The mutation the Dagster UI sends for "Re-execute"; run here by `dagster-graphql`.
 REEXECUTE_MUTATION: Final = """
@@ -80,11 +98,24 @@ def _workspace(workspace: Path | None) -> Path:
     return workspace or PROJECT_ROOT / "workspace.yaml"
 
 
-def _run_dagster_cli(cmd: list[str], what: str) -> subprocess.CompletedProcess[str]:
-    """Run one Dagster command line; any way it fails raises LaunchFailed naming ``what``."""
+def dagster_command(script: str, args: list[str]) -> tuple[list[str], str]:
+    """The command line and the stdin that run console script ``script`` with ``args``.
+
+    The command line is fixed (this interpreter, ``-c``, `STDIN_DRIVER`); every argument
+    travels on stdin as JSON, escaped to ASCII so any text (a NUL, a lone surrogate) arrives
+    as it was given.
+    """
+    return [sys.executable, "-c", STDIN_DRIVER], json.dumps([script, *args])
+
+
+def _run_dagster_cli(script: str, args: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    """Run Dagster's console script ``script`` with ``args`` on stdin; any way it fails
+    raises LaunchFailed naming ``what``."""
+    cmd, stdin = dagster_command(script, args)
     try:
         proc = subprocess.run(
             cmd,
+            input=stdin,
             cwd=PROJECT_ROOT,
             env=dict(os.environ),
             capture_output=True,
@@ -94,8 +125,10 @@ def _run_dagster_cli(cmd: list[str], what: str) -> subprocess.CompletedProcess[s
         )
     except subprocess.TimeoutExpired as exc:
         raise LaunchFailed(f"{what} did not finish within {LAUNCH_TIMEOUT_SECONDS}s") from exc
-    except OSError as exc:
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise LaunchFailed(f"{what} could not be started: {exc}") from exc
+    if proc.returncode < 0:
+        raise LaunchFailed(f"{what} was killed by signal {-proc.returncode}")
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise LaunchFailed(f"{what} exited {proc.returncode}: " + " | ".join(tail))
@@ -110,10 +143,8 @@ def submit_run(
     daemon dequeues it) without a webserver. Returns ``run_id``; raises LaunchFailed.
     """
     _run_dagster_cli(
+        "dagster",
         [
-            sys.executable,
-            "-m",
-            "dagster",
             "job",
             "launch",
             "-w",
@@ -168,10 +199,8 @@ def reexecute_run(
     with tempfile.TemporaryDirectory(prefix="dueledger-retry-") as tmp:
         out = Path(tmp) / "result.json"
         _run_dagster_cli(
+            "dagster-graphql",
             [
-                sys.executable,
-                "-c",
-                "from dagster_graphql.cli import main; main()",
                 "-w",
                 str(_workspace(workspace)),
                 "-t",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-#: The longest ``--reason``: it is stored on the entry and its audit, and it travels as a run
-#: tag on the launch's command line (a 40,000-character one exceeded the OS argument limit).
+#: The longest ``--reason``: it is stored on the entry and its audit and is a tag of the run
+#: (shown on the Runs page); longer context belongs in a ticket or document it links to.
 MAX_REASON_CHARS: Final = 2000
 #: The longest ``--request-id``: its ledger key ``manual:<id>`` is a 400-character column.
 MAX_REQUEST_ID_CHARS: Final = 200

@@ -91,6 +91,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     home = Path(env.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
     ledger_url = env.get(ENV_DATABASE_URL) or _sqlite_url(home / "dueledger_ledger.sqlite")
     source_url = env.get(ENV_SOURCE_URL) or _sqlite_url(home / "dueledger_source.sqlite")
+    for variable, url in ((ENV_DATABASE_URL, ledger_url), (ENV_SOURCE_URL, source_url)):
+        check_userinfo(variable, url)
     environment = "local" if ledger_url.startswith("sqlite") else "production"
     return Settings(
         environment=environment,
@@ -106,13 +108,33 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 _SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "secret", "token", "sslpassword")
 
 
+def _has_unencoded_at(url: str) -> bool:
+    """True when the part before the host (``user:password@``) holds another ``@``."""
+    _scheme, sep, rest = url.partition("://")
+    return bool(sep) and rest.partition("/")[0].count("@") > 1
+
+
+def check_userinfo(variable: str, url: str) -> None:
+    """SettingsError when ``url`` has an unencoded ``@`` in its user or password.
+
+    The URL would be parsed up to the first ``@``: the driver then connects to a host made of
+    the rest of the password and prints it in its error. Refused before any connection.
+    """
+    if _has_unencoded_at(url):
+        raise SettingsError(
+            f"{variable}={mask_url(url)} has an '@' in its user name or password; write it "
+            f"as %40 there (e.g. postgresql+psycopg2://user:p%40ss@host/db), or the part "
+            f"after it is taken for the host"
+        )
+
+
 def _mask_unencoded_userinfo(url: str) -> str:
     """A password with an unencoded ``@`` (``u:p@ss@host``) is parsed up to its first ``@``,
     so the rest would show as part of the host: mask everything up to the last ``@``."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    if not sep or netloc.count("@") < 2:
+    if not _has_unencoded_at(url):
         return url
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
     userinfo, _, host = netloc.rpartition("@")
     user, colon, _password = userinfo.partition(":")
     return f"{scheme}://{user}{':***' if colon else ''}@{host}{slash}{path}"

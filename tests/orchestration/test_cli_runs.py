@@ -23,6 +23,7 @@ from orchestration.cli import main
 from orchestration.cli.runs import CHECK_IDENTITY
 from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core import tags as t
+from resources.core.checks import MAX_REASON_CHARS
 from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
 from resources.ledger import (
     Entry,
@@ -231,57 +232,48 @@ def test_summary_json_shape_and_counts(cli: Cli) -> None:
     assert human.exit_code == 0 and "active=1" in human.stdout
 
 
+def _at_the_limit(text: str) -> str:
+    """A reason of exactly MAX_REASON_CHARS characters made of ``text`` repeated."""
+    return (text * MAX_REASON_CHARS)[: MAX_REASON_CHARS - 1] + "."
+
+
 def test_retry_json_shape_and_a_real_dagster_re_execution(sqlite_cli: Cli) -> None:
-    """`runs retry` through the real `dagster-graphql` CLI: Dagster's lineage + our tags."""
+    """`launch` and `runs retry` through the real `dagster job launch` and `dagster-graphql`:
+    Dagster's lineage, our tags, and 2,000-character reasons kept character for character
+    (a 40,000-character one once failed the launch: they travel on stdin, not argv)."""
     cli = sqlite_cli
-    from dagster_graphql.cli import execute_query
-    from dagster_internals import CodeTarget, daemon_workspace
+    why = _at_the_limit('Zählung "3" $HOME `id` \\ ;\n')
+    again = _at_the_limit("'upstream' fixed\t& ")
+    launched = cli.json("launch", TASK, "--operator", "alice", "--reason", why)
+    first = launched["run_id"]  # queued: no daemon runs it
+    parent = cli.ledger.get(launched["entry_id"])
+    assert parent is not None and parent.reason == why
+    for _ in range(parent.max_attempts):  # every attempt fails: the entry is failed
+        assert cli.ledger.claim(parent.id, first, lease_ttl=TTL).claimed
+        cli.ledger.fail(parent.id, first, error="boom")
 
-    with dg.DagsterInstance.get() as instance:
-        target = CodeTarget.from_module("orchestration.definitions")
-        with daemon_workspace(instance, target) as ctx:
-            result = execute_query(
-                ctx,
-                "mutation L($p: ExecutionParams!) { launchRun(executionParams: $p) {"
-                " __typename ... on LaunchRunSuccess { run { runId } } } }",
-                {
-                    "p": {
-                        "selector": {
-                            "repositoryLocationName": "dueledger",
-                            "repositoryName": "__repository__",
-                            "jobName": f"{TASK}_job",
-                        },
-                        "executionMetadata": {
-                            "tags": [
-                                {"key": t.TAG_TASK, "value": TASK},
-                                {"key": t.TAG_TRIGGER, "value": t.TRIGGER_SCHEDULE},
-                                {"key": t.TAG_DUE, "value": "2026-11-30T22:45:00Z"},
-                            ]
-                        },
-                    }
-                },
-            )
-        first = result["data"]["launchRun"]["run"]["runId"]  # queued: no daemon runs it
-    parent = failed(cli.ledger, run_id=first)
-
+    # Recorded as checked, stripped: " bob " is bob (the retry once kept what was typed).
     data = cli.json(
-        "runs", "retry", str(parent.id), "--operator", "alice", "--reason", "upstream fixed"
+        "runs", "retry", str(parent.id), "--operator", " bob ", "--reason", f"  {again}\n"
     )
 
     assert set(data) >= RETRY_KEYS
     assert (data["parent_entry_id"], data["launch"]) == (parent.id, "reexecution")
     assert (data["parent_run_id"], data["root_run_id"]) == (first, first)
     with dg.DagsterInstance.get() as instance:
+        parent_run = instance.get_run_by_id(first)
         run = instance.get_run_by_id(data["run_id"])
+    assert parent_run is not None and parent_run.tags[t.TAG_REASON] == why
     assert run is not None and run.status == dg.DagsterRunStatus.QUEUED  # not waited for
     assert (run.parent_run_id, run.root_run_id) == (first, first)
     assert run.tags[t.DAGSTER_PARENT_RUN_ID] == first
     assert run.tags[t.TAG_TRIGGER] == t.TRIGGER_MANUAL_RETRY
     assert run.tags[t.TAG_PARENT_ENTRY] == str(parent.id)
-    assert (run.tags[t.TAG_OPERATOR], run.tags[t.TAG_REASON]) == ("alice", "upstream fixed")
+    assert (run.tags[t.TAG_OPERATOR], run.tags[t.TAG_REASON]) == ("bob", again)
     assert run.tags[t.TAG_TASK] == TASK
     child = cli.ledger.get(data["entry_id"])
     assert child is not None and child.parent_id == parent.id
+    assert (child.operator, child.reason) == ("bob", again)
 
 
 @dg.asset
@@ -649,8 +641,10 @@ def test_an_overlong_reason_is_invalid_input_and_changes_nothing(cli: Cli) -> No
         "launch", TASK, "--operator", "alice", "--reason", "r", "--request-id", long_id, code=2
     )
     assert "--request-id is 300 characters; at most 200" in message
-    message = cli.error("launch", TASK, "--operator", "o" * 300, "--reason", "r", code=2)
-    assert "must be 1-200 characters" in message
+    for command in (["launch", TASK], ["runs", "retry", str(parent.id)]):
+        # PostgreSQL once refused a 300-character operator ("value too long") SQLite kept.
+        message = cli.error(*command, "--operator", "o" * 300, "--reason", "r", code=2)
+        assert "must be 1-200 characters" in message
     assert cli.ledger.children(parent.id) == []
     assert cli.ledger.audit_for(parent.id) == []
     assert count_rows(cli.url) == 1  # only the parent

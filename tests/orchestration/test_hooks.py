@@ -326,6 +326,12 @@ name = "still_loaded"
     (error,) = registry.load_errors
     assert error.target == "exiting_hooks_module:anything"
     assert "SystemExit" in error.error and "plugin gave up" in error.error
+    # `dueledger hooks` says so too: it once exited 1 with no JSON, as `launch` did.
+    monkeypatch.setenv(hooks.ENV_HOOKS_FILE, environ[hooks.ENV_HOOKS_FILE])
+    result = CliRunner().invoke(main, ["hooks", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "exiting_hooks_module:anything" in [e["target"] for e in data["load_errors"]]
 
 
 def test_a_missing_or_broken_config_file_is_a_load_error_not_a_crash(tmp_path):

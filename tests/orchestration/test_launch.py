@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from orchestration.manual import launch_manual
 from orchestration.services import launch
 from orchestration.services.launch import (
     LAUNCH_TIMEOUT_SECONDS,
+    STDIN_DRIVER,
     DagsterCliLauncher,
     LaunchFailed,
     manual_run_id,
@@ -32,6 +35,7 @@ from orchestration.services.launch import (
 )
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.checks import MAX_REASON_CHARS
 from resources.ledger import RunLedger
 
 FakeRun = Callable[..., subprocess.CompletedProcess[str]]
@@ -43,11 +47,22 @@ def test_run_ids_are_the_ones_earlier_releases_derived() -> None:
     assert retry_run_id(42) == "f32319a1-ea66-500d-899f-5f559f41d36f"
 
 
-def _replace_run(monkeypatch: pytest.MonkeyPatch, fake: FakeRun) -> list[list[str]]:
-    calls: list[list[str]] = []
+@dataclass
+class Call:
+    """One Dagster command line as `subprocess.run` was given it."""
+
+    cmd: list[str]
+    #: What the command read on stdin: the console script's name, then its arguments.
+    script: str
+    args: list[str]
+
+
+def _replace_run(monkeypatch: pytest.MonkeyPatch, fake: FakeRun) -> list[Call]:
+    calls: list[Call] = []
 
     def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        calls.append(cmd)
+        script, *args = json.loads(kwargs["input"])
+        calls.append(Call(cmd, script, args))
         assert kwargs["timeout"] == LAUNCH_TIMEOUT_SECONDS
         return fake(cmd, **kwargs)
 
@@ -59,11 +74,13 @@ def test_a_new_run_is_submitted_with_dagster_job_launch(monkeypatch: pytest.Monk
     calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
     tags = {"dueledger/task": "order_cleanup"}
     assert submit_run("order_cleanup_job", "run-1", tags) == "run-1"
-    [cmd] = calls
-    assert cmd[1:5] == ["-m", "dagster", "job", "launch"]
-    assert cmd[cmd.index("-j") + 1] == "order_cleanup_job"
-    assert cmd[cmd.index("--run-id") + 1] == "run-1"
-    assert json.loads(cmd[cmd.index("--tags") + 1]) == tags
+    [call] = calls
+    assert call.cmd == [sys.executable, "-c", STDIN_DRIVER]
+    assert (call.script, call.args[:2]) == ("dagster", ["job", "launch"])
+    args = call.args
+    assert args[args.index("-j") + 1] == "order_cleanup_job"
+    assert args[args.index("--run-id") + 1] == "run-1"
+    assert json.loads(args[args.index("--tags") + 1]) == tags
 
 
 def test_the_retry_launcher_uses_the_same_submit_and_its_workspace(
@@ -73,8 +90,28 @@ def test_the_retry_launcher_uses_the_same_submit_and_its_workspace(
     workspace = tmp_path / "workspace.yaml"
     launcher = DagsterCliLauncher(workspace)
     assert launcher.launch_new("order_cleanup_job", "run-2", {}) == "run-2"
-    [cmd] = calls
-    assert cmd[cmd.index("-w") + 1] == str(workspace)
+    [call] = calls
+    assert call.args[call.args.index("-w") + 1] == str(workspace)
+
+
+def test_no_value_travels_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 40,000-character reason once failed the launch with "Argument list too long"; a
+    # reason at the limit, or any text, still must not be in argv (the OS caps its length,
+    # `ps` shows it to every user of the machine).
+    calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
+    reason = "é\x00" + "r" * (MAX_REASON_CHARS - 2)
+    tags = {t.TAG_OPERATOR: "alice", t.TAG_REASON: reason}
+    submit_run("order_cleanup_job", "run-1", tags)
+    with pytest.raises(LaunchFailed, match="no readable result"):
+        reexecute_run("parent-run", tags)
+    assert [c.script for c in calls] == ["dagster", "dagster-graphql"]
+    for call in calls:
+        assert call.cmd == [sys.executable, "-c", STDIN_DRIVER]
+        assert not any("alice" in arg or "rrrr" in arg for arg in call.cmd)
+    launched = json.loads(calls[0].args[calls[0].args.index("--tags") + 1])
+    assert launched[t.TAG_REASON] == reason
+    variables = json.loads(calls[1].args[calls[1].args.index("-v") + 1])
+    assert {"key": t.TAG_REASON, "value": reason} in variables["params"]["extraTags"]
 
 
 @pytest.mark.parametrize(
@@ -96,8 +133,12 @@ def test_the_retry_launcher_uses_the_same_submit_and_its_workspace(
             lambda cmd, **_: (_ for _ in ()).throw(FileNotFoundError("no python")),
             r"^`dagster job launch` could not be started: no python$",
         ),
+        (
+            lambda cmd, **_: subprocess.CompletedProcess(cmd, -9, "", ""),
+            r"^`dagster job launch` was killed by signal 9$",
+        ),
     ],
-    ids=["non-zero exit", "stdout when stderr is empty", "timeout", "cannot start"],
+    ids=["non-zero exit", "stdout when stderr is empty", "timeout", "cannot start", "killed"],
 )
 def test_every_way_a_submit_fails_is_one_launch_failed(
     monkeypatch: pytest.MonkeyPatch, fake: FakeRun, message: str
@@ -113,8 +154,9 @@ def test_a_re_execution_that_writes_no_result_is_a_launch_failed(
     calls = _replace_run(monkeypatch, lambda cmd, **_: subprocess.CompletedProcess(cmd, 0))
     with pytest.raises(LaunchFailed, match="dagster-graphql gave no readable result"):
         reexecute_run("parent-run", {"dueledger/trigger": "manual_retry"})
-    [cmd] = calls
-    variables = json.loads(cmd[cmd.index("-v") + 1])
+    [call] = calls
+    assert call.script == "dagster-graphql"
+    variables = json.loads(call.args[call.args.index("-v") + 1])
     assert variables["params"]["parentRunId"] == "parent-run"
     assert variables["params"]["extraTags"] == [
         {"key": "dueledger/trigger", "value": "manual_retry"}
@@ -209,6 +251,8 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
         )
     assert submitted == [manual_run_id("order_cleanup", "r")]
     assert result.entry_id == failed.id
+    # It says so: the caller learns the request was re-dispatched, not launched anew.
+    assert result.as_json()["redispatched"] is True and result.as_json()["existing"] is False
     entry = ledger.get(failed.id)
     assert entry is not None and entry.status == t.STATUS_QUEUED  # its run can claim it
     assert ledger.claim(entry.id, submitted[0], lease_ttl=timedelta(minutes=5)).claimed

@@ -77,6 +77,8 @@ def test_create_schema_creates_every_table_and_the_scan_indexes_and_can_be_repea
         "side_effects",
         "notification_outbox",
         "log_archives",
+        # what `dueledger sample-data` generated (resources/sample_data.py)
+        "sample_data_generated",
     }
     service_indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("services")}
     assert service_indexes["ix_services_status_expires_at"] == ["status", "expires_at"]
