@@ -183,6 +183,8 @@ class Reconciled:
     entry: Entry | None
     #: Set when Dagster lost the retry this entry waited for: what happened (the alert's text).
     retry_lost: str | None = None
+    #: The ``dueledger/source`` of an unsupported task's run (named by its alert).
+    source: str | None = None
 
     def line(self) -> str:
         where = f"entry {self.entry.id} -> {self.entry.status}" if self.entry else "no entry"
@@ -282,7 +284,7 @@ def end_unregistered(
         return Reconciled(
             run_id, request.task_key, Action.NONE, end.refusal or "claim refused", end.entry
         )
-    return Reconciled(run_id, request.task_key, Action.UNSUPPORTED, why, end.entry)
+    return Reconciled(run_id, request.task_key, Action.UNSUPPORTED, why, end.entry, source=source)
 
 
 # --- reading Dagster's side ----------------------------------------------------------------------
@@ -535,7 +537,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             ),
         }
     if item.action is Action.UNSUPPORTED:
-        return unsupported_alert(entry, item.run_id)
+        return unsupported_alert(entry, item.run_id, source=item.source)
     if item.action is Action.DISPATCH_FAILED and entry.status == t.STATUS_DISPATCH_FAILED:
         failures = entry.summary.get(SUMMARY_DISPATCH_FAILURES) or [{}]
         last = failures[-1] if isinstance(failures[-1], Mapping) else {}
