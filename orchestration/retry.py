@@ -26,6 +26,7 @@ A re-execution started from the Dagster UI goes through ``record_retry`` too, at
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,6 +54,7 @@ ACTION_MANUAL_RETRY: Final = "manual_retry"
 ACTION_UI_REEXECUTION: Final = "ui_reexecution"
 ACTION_RETRY_LAUNCH: Final = "manual_retry_launch"
 ACTION_RETRY_RUN: Final = "manual_retry_run"
+ACTION_RETRY_REDISPATCH: Final = "manual_retry_redispatch"
 
 #: Statuses a manual retry may start from. ``dispatch_failed`` only with acknowledgement.
 RETRYABLE_STATUSES: Final = (t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED)
@@ -65,6 +67,7 @@ CHECK_ROLE_ADMIN: Final = f"operator_has_role_{ROLE_ADMIN}"
 CHECK_REGISTERED: Final = "task_registered"
 CHECK_MANUAL_TRIGGER: Final = "task_manually_triggerable"
 CHECK_RECORDED: Final = "retry_recorded"
+CHECK_CHILD_REDISPATCHABLE: Final = "child_redispatchable"
 
 LAUNCH_REEXECUTION: Final = "reexecution"
 LAUNCH_NEW_RUN: Final = "new_run"
@@ -364,6 +367,9 @@ class RetryResult:
     root_run_id: str | None
     run_status: str
     launch_audit_id: int
+    #: The retry had been recorded before but its launch failed (the child was
+    #: dispatch_failed): this request re-dispatched that child instead of a new retry.
+    redispatched: bool = False
 
     def as_json(self) -> dict[str, object]:
         record = self.record
@@ -381,6 +387,7 @@ class RetryResult:
             "audit_id": record.audit_id,
             "launch_audit_id": self.launch_audit_id,
             "checks": checks_json(record.checks),
+            "redispatched": self.redispatched,
         }
 
 
@@ -430,8 +437,9 @@ def launch_retry(
         )
         raise LaunchFailed(
             f"retry recorded as entry {record.child.id}, but its run could not be launched "
-            f"({exc}); the entry is now dispatch_failed. Fix the cause, then run "
-            f"`dueledger runs retry {record.child.id} --acknowledge-side-effects`"
+            f"({exc}); the entry is now dispatch_failed. Fix the cause, then repeat "
+            f"`dueledger runs retry {record.parent.id}`: it re-dispatches entry "
+            f"{record.child.id}"
         ) from exc
     run = instance.get_run_by_id(run_id)
     status = run.status.value if run is not None else "UNKNOWN"
@@ -487,6 +495,21 @@ def retry_entry(
     """
     unregistered = None
     parent = ledger.get(parent_id)
+    child = _dispatch_failed_child(ledger, parent)
+    if child is not None:
+        assert parent is not None
+        return redispatch_retry(
+            ledger,
+            parent,
+            child,
+            specs=specs,
+            operator=operator,
+            reason=reason,
+            operators=operators,
+            instance=instance,
+            launcher=launcher,
+            now=now,
+        )
     if (
         explain_unregistered is not None
         and parent is not None
@@ -507,6 +530,92 @@ def retry_entry(
     spec = find_task(specs, record.child.task_key)
     assert spec is not None  # checked inside the transaction
     return launch_retry(record, spec, ledger=ledger, instance=instance, launcher=launcher)
+
+
+def _dispatch_failed_child(ledger: RunLedger, parent: Entry | None) -> Entry | None:
+    """The retry child of ``parent`` when its launch failed (``dispatch_failed``), else None."""
+    if parent is None or parent.manual_retry_at is None:
+        return None
+    child = ledger.find(parent.task_key, dedup_key_for_retry(parent.id))
+    return child if child is not None and child.status == t.STATUS_DISPATCH_FAILED else None
+
+
+def redispatch_retry(
+    ledger: RunLedger,
+    parent: Entry,
+    child: Entry,
+    *,
+    specs: Sequence[TaskSpec],
+    operator: str,
+    reason: str,
+    operators: Operators,
+    instance: dg.DagsterInstance,
+    launcher: Launcher,
+    now: datetime | None = None,
+) -> RetryResult:
+    """`dueledger runs retry PARENT` again, after the retry's launch failed: the same request,
+    so the recorded child is re-dispatched (``dispatch_failed -> queued``, its earlier errors
+    kept) and launched -- no second child, and nothing to acknowledge, since no run of the
+    child ever claimed it (DESIGN rule 5). The retrier role, the task's registration and its
+    manual trigger are checked as for a retry; a child that was itself retried by hand is
+    refused (its own child runs instead). Audited either way."""
+    who = f"entry {child.id} (retry of entry {parent.id})"
+    spec = find_task(specs, child.task_key)
+    checks: list[Decision] = [
+        operators.check(operator, ROLE_RETRIER),
+        Decision(
+            CHECK_REGISTERED,
+            spec is not None,
+            f"task {child.task_key!r} is " + ("registered" if spec else "no longer registered"),
+        ),
+        Decision(
+            CHECK_MANUAL_TRIGGER,
+            spec is not None and spec.manual_trigger,
+            f"task {child.task_key!r} "
+            + ("may be triggered manually" if spec and spec.manual_trigger else "may not be"),
+        ),
+        Decision(
+            CHECK_CHILD_REDISPATCHABLE,
+            child.manual_retry_at is None,
+            f"{who} is dispatch_failed: its launch failed before any run claimed it"
+            if child.manual_retry_at is None
+            else f"{who} was itself retried by {child.manual_retry_by}; see its child",
+        ),
+    ]
+    failed = first_failure(checks)
+    if failed is None and not ledger.redispatch(child.id, now=now):
+        failed = Decision(
+            CHECK_CHILD_REDISPATCHABLE, False, f"{who} changed meanwhile; nothing launched"
+        )
+        checks.append(failed)
+    audit_id = ledger.write_audit(
+        operator=operator,
+        action=ACTION_RETRY_REDISPATCH,
+        entry_id=parent.id,
+        child_entry_id=child.id,
+        reason=reason,
+        checks=checks_json(checks),
+        outcome=(
+            f"refused: {failed.name}: {failed.detail}"
+            if failed is not None
+            else f"allowed: re-dispatched child entry {child.id} (dispatch_failed -> queued)"
+        ),
+        now=now,
+    )
+    if failed is not None:
+        raise Refused(refusal_message(failed, audit_id))
+    assert spec is not None  # task_registered passed
+    # The run carries the retry as it was recorded: its operator and reason.
+    record = RetryRecord(
+        parent,
+        child,
+        tuple(checks),
+        audit_id,
+        child.operator or operator,
+        child.reason or reason,
+    )
+    result = launch_retry(record, spec, ledger=ledger, instance=instance, launcher=launcher)
+    return dataclasses.replace(result, redispatched=True)
 
 
 # --- re-executions started from the Dagster UI -----------------------------------------------

@@ -507,6 +507,13 @@ def retry_cmd(
         if result.parent_run_id and result.method == LAUNCH_REEXECUTION
         else "new run"
     )
+    if result.redispatched:
+        click.echo(
+            f"retry of entry {result.record.parent.id} had failed to launch: re-dispatched its "
+            f"child entry {result.record.child.id} as run {result.run_id} ({how}, "
+            f"{result.run_status}); audit record {result.record.audit_id}"
+        )
+        return
     click.echo(
         f"retry of entry {result.record.parent.id}: child entry {result.record.child.id}, "
         f"run {result.run_id} ({how}, {result.run_status}); audit record "

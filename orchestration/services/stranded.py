@@ -58,6 +58,12 @@ def _redo(entry: Entry) -> str:
             f"`dueledger launch {entry.task_key} --request-id {request_id} --operator <you> "
             f'--reason "..."` re-dispatches it'
         )
+    if entry.parent_id is not None:
+        # The retry's own request, repeated, re-dispatches this child (orchestration/retry.py).
+        return (
+            f'`dueledger runs retry {entry.parent_id} --operator <you> --reason "..."` '
+            f"re-dispatches it"
+        )
     return f"`dueledger runs retry {entry.id} --acknowledge-side-effects` launches it"
 
 

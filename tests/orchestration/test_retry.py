@@ -34,7 +34,7 @@ from orchestration.retry import (
     CHECK_STATUS,
     LAUNCH_NEW_RUN,
     LAUNCH_REEXECUTION,
-    launch_retry,
+    RetryResult,
     record_retry,
     retry_entry,
 )
@@ -573,7 +573,7 @@ def test_a_failed_launch_leaves_the_child_dispatch_failed_and_says_what_next(
     ledger: RunLedger, instance: dg.DagsterInstance
 ) -> None:
     parent = failed(ledger)
-    with pytest.raises(LaunchFailed, match=r"runs retry \d+ --acknowledge-side-effects"):
+    with pytest.raises(LaunchFailed, match=rf"repeat `dueledger runs retry {parent.id}`"):
         retry_entry(
             ledger,
             parent.id,
@@ -591,15 +591,107 @@ def test_a_failed_launch_leaves_the_child_dispatch_failed_and_says_what_next(
         "allowed",
         "dispatch_failed",
     ]
-    # The way forward the message names: retry the child, acknowledging side effects.
-    again = launch_retry(
-        retry(ledger, child, ack=True),
-        SPECS[0],
-        ledger=ledger,
-        instance=instance,
-        launcher=RecordingLauncher(),
-    )
-    assert again.record.child.parent_id == child.id
+    # Retrying the child itself is possible too, acknowledging side effects (an admin's call).
+    grandchild = retry(ledger, child, ack=True)
+    assert grandchild.child.parent_id == child.id
+
+
+def test_repeating_a_retry_whose_launch_failed_re_dispatches_the_same_child(
+    ledger: RunLedger, instance: dg.DagsterInstance
+) -> None:
+    # Issue 14: the retry's child was left dispatch_failed and `runs retry PARENT` was
+    # refused as "already retried": the way out was an admin retrying the child.
+    parent = failed(ledger)
+
+    def again(launcher: RecordingLauncher, operators: Operators = LOCAL) -> RetryResult:
+        return retry_entry(
+            ledger,
+            parent.id,
+            specs=SPECS,
+            operator="bob",
+            reason="the code server is back",
+            operators=operators,
+            acknowledge_side_effects=False,
+            instance=instance,
+            launcher=launcher,
+        )
+
+    with pytest.raises(LaunchFailed):
+        retry_entry(
+            ledger,
+            parent.id,
+            specs=SPECS,
+            operator="alice",
+            reason="first try",
+            operators=LOCAL,
+            acknowledge_side_effects=False,
+            instance=instance,
+            launcher=RecordingLauncher(fail="code server unreachable"),
+        )
+    [child] = ledger.children(parent.id)
+    # Another failed launch keeps it dispatch_failed, with both errors.
+    with pytest.raises(LaunchFailed):
+        again(RecordingLauncher(fail="still unreachable"))
+    launcher = RecordingLauncher()
+    result = again(launcher)
+
+    assert result.redispatched and result.as_json()["redispatched"] is True
+    assert result.record.child.id == child.id and ledger.children(parent.id) == [
+        ledger.get(child.id)
+    ]
+    after = ledger.get(child.id)
+    assert after is not None and (after.status, after.attempt) == (t.STATUS_QUEUED, 0)
+    errors = [f["error"] for f in after.summary["dispatch_failures"]]
+    assert len(errors) == 2 and "still unreachable" in errors[-1]
+    # The run carries the retry as recorded (alice's), the audit names who re-dispatched.
+    ((_, _, tags),) = launcher.calls
+    assert (tags[t.TAG_OPERATOR], tags[t.TAG_PARENT_ENTRY]) == ("alice", str(parent.id))
+    redispatches = [
+        a for a in ledger.audit_for(parent.id) if a["action"] == "manual_retry_redispatch"
+    ]
+    assert [(a["operator"], a["outcome"].split(":")[0]) for a in redispatches] == [
+        ("bob", "allowed"),
+        ("bob", "allowed"),
+    ]
+    # Once launched, the child is no longer dispatch_failed: a retry is refused as usual.
+    with pytest.raises(Refused, match="already retried"):
+        again(RecordingLauncher())
+
+
+def test_re_dispatching_a_retry_child_still_needs_the_retrier_role(
+    ledger: RunLedger, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    parent = failed(ledger)
+    with pytest.raises(LaunchFailed):
+        retry_entry(
+            ledger,
+            parent.id,
+            specs=SPECS,
+            operator="alice",
+            reason="first try",
+            operators=LOCAL,
+            acknowledge_side_effects=False,
+            instance=instance,
+            launcher=RecordingLauncher(fail="down"),
+        )
+    allow_list = tmp_path / "operators.toml"
+    allow_list.write_text('[operators]\nvera = ["viewer"]\n')
+    launcher = RecordingLauncher()
+    with pytest.raises(Refused, match="retrier"):
+        retry_entry(
+            ledger,
+            parent.id,
+            specs=SPECS,
+            operator="vera",
+            reason="x",
+            operators=load_operators(str(allow_list)),
+            acknowledge_side_effects=False,
+            instance=instance,
+            launcher=launcher,
+        )
+    assert launcher.calls == []
+    [child] = ledger.children(parent.id)
+    assert child.status == t.STATUS_DISPATCH_FAILED
 
 
 def test_a_manual_parent_has_no_due_tag(ledger: RunLedger, instance: dg.DagsterInstance) -> None:

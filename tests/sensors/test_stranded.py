@@ -84,7 +84,7 @@ def test_a_launch_whose_run_was_never_created_is_recorded_with_its_redo(
             (failure,) = after[entry_id].summary["dispatch_failures"]
             assert "no Dagster run was created" in failure["error"]
         assert "--request-id req-lost" in (after[lost.id].error or "")
-        assert f"runs retry {child.id} --acknowledge-side-effects" in (after[child.id].error or "")
+        assert f"runs retry {parent.id} --operator" in (after[child.id].error or "")
         assert after[young.id].status == t.STATUS_QUEUED
         assert after[launched.id].status == t.STATUS_QUEUED
         assert after[parent.id].status == t.STATUS_FAILED
