@@ -307,8 +307,12 @@ def launch_from_job_launchpad(page: Page, server: DevServer, job: str) -> str:
     expect(materialize).to_be_visible()
     dropdown_next_to(page, materialize).click()
     _menu_item(page, "Open launchpad").click()
-    dialog = page.get_by_role("dialog")
-    expect(dialog.get_by_text("Launchpad")).to_be_visible()
+    # The launchpad's own dialog, by its header ("Launchpad (configure assets)"): the menu
+    # that opened it is a dialog too, and on a loaded machine it is still closing -- its
+    # "Open launchpad" item would match a plain "Launchpad" text search.
+    header = page.get_by_text(re.compile(r"^Launchpad\b"))
+    dialog = page.get_by_role("dialog").filter(has=header)
+    expect(dialog).to_be_visible()
     dialog.get_by_role("button", name=MATERIALIZE).click()
     run_id = wait_run_page(page)
     note(f"{job}: launched run {run_id} from the launchpad")
