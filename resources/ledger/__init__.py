@@ -61,6 +61,7 @@ from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
     ClaimResult,
     Entry,
+    LedgerConfigError,
     LedgerError,
     UnknownEntryError,
     truncate_error,
@@ -92,6 +93,7 @@ __all__ = [
     "ClaimResult",
     "DeliveryRecord",
     "Entry",
+    "LedgerConfigError",
     "LedgerError",
     "RunLedger",
     "UnknownEntryError",

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from resources.core.settings import ENV_DATABASE_URL, mask_url
-from resources.ledger.model import LedgerError
+from resources.ledger.model import LedgerConfigError, LedgerError
 from resources.ledger.statements import Statements, statements_for
 
 # Custom execution option read by the SQLite "begin" hook: how to start a transaction.
@@ -263,7 +263,7 @@ def create_engine(url_text: str, busy_timeout_ms: int) -> Engine:
     try:
         url = make_url(url_text)
     except sa.exc.ArgumentError:
-        raise LedgerError(
+        raise LedgerConfigError(
             f"ledger database URL {mask_url(url_text)!r} is not an SQLAlchemy URL; set "
             f"{ENV_DATABASE_URL} to e.g. sqlite:////path/ledger.sqlite or "
             f"postgresql+psycopg2://user:password@host:5432/dbname"
@@ -275,11 +275,11 @@ def create_engine(url_text: str, busy_timeout_ms: int) -> Engine:
         if backend == "postgresql":
             return _create_postgres_engine(url, busy_timeout_ms)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
-        raise LedgerError(
+        raise LedgerConfigError(
             f"cannot open ledger database {mask_url(url_text)}: {exc}; use the sqlite:/// or "
             f"postgresql+psycopg2:// scheme in {ENV_DATABASE_URL}"
         ) from exc
-    raise LedgerError(
+    raise LedgerConfigError(
         f"ledger database {mask_url(url_text)} uses backend {backend!r}; the ledger supports "
         f"sqlite and postgresql only (set {ENV_DATABASE_URL})"
     )
@@ -292,7 +292,7 @@ def _create_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> Engine:
         try:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # e.g. a path component is a regular file
-            raise LedgerError(
+            raise LedgerConfigError(
                 f"cannot create the folder of the SQLite ledger {mask_url(str(url))}: "
                 f"{exc.strerror or exc} ({exc.filename}); set {ENV_DATABASE_URL} to a path "
                 f"under a folder you can write, e.g. sqlite:////var/lib/dueledger/ledger.sqlite"

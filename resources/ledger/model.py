@@ -24,6 +24,7 @@ from resources.core.entries import (
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_KEYS,
 )
+from resources.core.errors import InvalidInput
 from resources.core.fence import Fence
 
 # The wording of refusals lives with the rules that refuse (pure, in the core).
@@ -35,6 +36,12 @@ class LedgerError(RuntimeError):
 
     The message names the database (password masked) and what to do about it.
     """
+
+
+class LedgerConfigError(LedgerError, InvalidInput):
+    """The ledger's configuration is wrong (not an SQLAlchemy URL, an unsupported backend or
+    driver, a SQLite path that cannot be a file): invalid input, exit 2 from the CLI. The
+    message names the setting and the fix."""
 
 
 class UnknownEntryError(ValueError):

@@ -135,6 +135,27 @@ def test_a_url_with_an_unencoded_at_in_its_password_is_invalid_input_that_hides_
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///{blocker}/ledger.sqlite",  # a path under a regular file
+        "mysql://u@localhost/ledger",  # a backend the ledger does not support
+        "not a url",
+    ],
+)
+def test_a_ledger_url_that_cannot_work_is_invalid_input_naming_the_fix(monkeypatch, tmp_path, url):
+    # A SQLite ledger path under a regular file was exit 1 (unexpected): it is the user's
+    # setting, so exit 2 naming DUELEDGER_DATABASE_URL.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DUELEDGER_DATABASE_URL", url.format(blocker=blocker))
+    code, out = invoke("runs", "list", "--json")
+    assert code == 2, out
+    assert "DUELEDGER_DATABASE_URL" in json.loads(out)["error"]
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["sample-data", "--seed", "abc", "--json"], "'abc' is not a valid integer"),
