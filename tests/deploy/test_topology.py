@@ -39,8 +39,8 @@ was down is not run by Dagster's scheduler (a schedule without partitions does n
 if the restart was that slow, such a due must show in ``summary``'s ``missed_dues``.
 
 Wall time: up to a minute waiting for the first due, the restart, up to a minute for the due
-after it, the runs (each a fresh process). 3.5-4 minutes measured on a 2-core machine shared
-with other test runs (load average 8-18), about 100 s of CPU in all.
+after it, the runs (each a fresh process). Measured on a 2-core machine shared with other
+test runs: about 2 minutes at load average 3-5, 3.5-4 minutes at 6-18; 90-100 s of CPU.
 """
 
 from __future__ import annotations
@@ -203,7 +203,6 @@ class Topology:
     web: Service
     code_port: int
     web_port: int
-    ledger_url: str
     events: list[str] = field(default_factory=list)
 
     @property
@@ -461,7 +460,6 @@ def topology(
         ),
         code_port=code_port,
         web_port=web_port,
-        ledger_url=ledger_url,
     )
     try:
         yield topo
