@@ -89,9 +89,14 @@ def _failure(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
 
 
 def ended(instance: dg.DagsterInstance, run: dg.DagsterRun) -> datetime:
+    """When the run was last touched: its end, or a tag written after it (Dagster's
+    ``dagster/will_retry``) -- what the check's ``updated_before`` bound compares."""
     record = instance.get_run_record_by_id(run.run_id)
     assert record is not None and record.end_time is not None
-    return datetime.fromtimestamp(record.end_time, UTC)
+    end = datetime.fromtimestamp(record.end_time, UTC)
+    updated = record.update_timestamp
+    updated = updated.replace(tzinfo=UTC) if updated.tzinfo is None else updated.astimezone(UTC)
+    return max(end, updated)
 
 
 @pytest.fixture
