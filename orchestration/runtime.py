@@ -618,28 +618,20 @@ def task_run(
         fire_task_event(context, ledger, hooks, TASK_BEFORE, claimed, as_of)
         try:
             yield TaskRun(True, result.entry, as_of, spec.key, guard=guard)
-        except FenceLost as lost:
-            # The entry moved on without this run (reclaimed while it was paused): not this
-            # run's failure to record, and no retry could claim it.
-            context.log.error(str(lost))
-            _no_dagster_retry(context)
-            fire_task_event(
-                context,
-                ledger,
-                hooks,
-                TASK_FAILED,
-                claimed,
-                as_of,
-                error=str(lost),
-                status=lost.state,
-            )
-            raise
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            after = ledger.fail(entry.id, run_id, error=error)
-            context.log.error(f"entry {entry.id} {spec.key}: attempt failed -> {after.status}")
-            if after.is_terminal:
+            if isinstance(exc, FenceLost):
+                # The entry moved on without this run (reclaimed while it was paused): not
+                # this run's failure to record, and no retry could claim it.
+                error, status, kind = str(exc), exc.state, None
+                context.log.error(error)
                 _no_dagster_retry(context)
+            else:
+                error = f"{type(exc).__name__}: {exc}"
+                after = ledger.fail(entry.id, run_id, error=error)
+                context.log.error(f"entry {entry.id} {spec.key}: attempt failed -> {after.status}")
+                if after.is_terminal:
+                    _no_dagster_retry(context)
+                status, kind = after.status, after.failure_kind
             fire_task_event(
                 context,
                 ledger,
@@ -648,8 +640,8 @@ def task_run(
                 claimed,
                 as_of,
                 error=error,
-                status=after.status,
-                failure_kind=after.failure_kind,
+                status=status,
+                failure_kind=kind,
             )
             raise
     if not ledger.succeed(entry.id, run_id):

@@ -26,7 +26,6 @@ assets are Dagster assets), which is why it sits in the services layer, not in t
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
 from orchestration.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
+from orchestration.hooks.loading import is_plugin_factory
 from orchestration.registry import TaskSpec, TaskSpecError, find_task, validate_spec
 from orchestration.tasks import TASKS
 from resources.core.settings import ENV_PLUGIN_TASKS, Settings, load_settings
@@ -311,25 +311,10 @@ def _allowed(allow: Iterable[str], origin: PluginOrigin, task_key: str) -> bool:
 # --- checking what a plugin gives -------------------------------------------------------------
 
 
-def _is_factory(obj: Any) -> bool:
-    """A zero-argument callable returning plugin tasks (not a plugin task itself)."""
-    if isinstance(obj, PluginTask) or not callable(obj):
-        return False
-    try:
-        params = inspect.signature(obj).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return not any(
-        p.default is inspect.Parameter.empty
-        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        for p in params
-    )
-
-
 def _as_plugin_tasks(obj: Any, what: str) -> list[PluginTask]:
     """An entry point's object -> plugin tasks: a PluginTask, an iterable of them, or a
     zero-argument factory returning either."""
-    if _is_factory(obj):
+    if is_plugin_factory(obj, PluginTask):
         obj = obj()
     if isinstance(obj, PluginTask):
         return [obj]

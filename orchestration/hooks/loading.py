@@ -41,9 +41,10 @@ def _resolve(target: str) -> Any:
     return obj
 
 
-def _is_factory(obj: Any) -> bool:
-    """A zero-argument callable that returns listeners (not a listener function)."""
-    if isinstance(obj, Listener) or not callable(obj):
+def is_plugin_factory(obj: Any, item_type: type) -> bool:
+    """Is ``obj`` a zero-argument callable that returns a plugin's items (not an
+    ``item_type`` itself)? Entry points of hook listeners and of plugin tasks may name one."""
+    if isinstance(obj, item_type) or not callable(obj):
         return False
     try:
         params = inspect.signature(obj).parameters.values()
@@ -59,7 +60,7 @@ def _is_factory(obj: Any) -> bool:
 def _as_listeners(obj: Any, what: str) -> list[Listener]:
     """A plugin's object -> listeners: a Listener, an iterable of them, or a zero-argument
     factory returning either."""
-    if _is_factory(obj):
+    if is_plugin_factory(obj, Listener):
         obj = obj()
     if isinstance(obj, Listener):
         return [obj]
@@ -136,7 +137,11 @@ def _config_listeners(path: Path, data: Mapping[str, Any], loader: _Loader) -> N
             if unknown:
                 raise ValueError(f"unknown key(s) {', '.join(unknown)}")
             obj = _resolve(target)
-            if callable(obj) and not isinstance(obj, Listener) and not _is_factory(obj):
+            if (
+                callable(obj)
+                and not isinstance(obj, Listener)
+                and not is_plugin_factory(obj, Listener)
+            ):
                 # A plain function: the file says which events it listens to.
                 if "events" not in item:
                     raise ValueError("a plain function needs events = [...] in the file")

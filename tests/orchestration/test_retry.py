@@ -569,22 +569,36 @@ def test_a_dispatch_failed_parent_without_runs_gets_an_unlinked_new_run(
     assert t.DAGSTER_PARENT_RUN_ID not in tags and t.DAGSTER_ROOT_RUN_ID not in tags
 
 
+def retry_by(
+    ledger: RunLedger,
+    parent: Entry,
+    instance: dg.DagsterInstance,
+    launcher: RecordingLauncher,
+    *,
+    operator: str = "alice",
+    reason: str = "again",
+    operators: Operators = LOCAL,
+) -> RetryResult:
+    """`dueledger runs retry PARENT` as the CLI calls it (no acknowledgement)."""
+    return retry_entry(
+        ledger,
+        parent.id,
+        specs=SPECS,
+        operator=operator,
+        reason=reason,
+        operators=operators,
+        acknowledge_side_effects=False,
+        instance=instance,
+        launcher=launcher,
+    )
+
+
 def test_a_failed_launch_leaves_the_child_dispatch_failed_and_says_what_next(
     ledger: RunLedger, instance: dg.DagsterInstance
 ) -> None:
     parent = failed(ledger)
     with pytest.raises(LaunchFailed, match=rf"repeat `dueledger runs retry {parent.id}`"):
-        retry_entry(
-            ledger,
-            parent.id,
-            specs=SPECS,
-            operator="alice",
-            reason="again",
-            operators=LOCAL,
-            acknowledge_side_effects=False,
-            instance=instance,
-            launcher=RecordingLauncher(fail="code server unreachable"),
-        )
+        retry_by(ledger, parent, instance, RecordingLauncher(fail="code server unreachable"))
     [child] = ledger.children(parent.id)
     assert (child.status, child.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
     assert [a["outcome"].split(":")[0] for a in ledger.audit_for(parent.id)] == [
@@ -602,43 +616,19 @@ def test_repeating_a_retry_whose_launch_failed_re_dispatches_the_same_child(
     # Issue 14: the retry's child was left dispatch_failed and `runs retry PARENT` was
     # refused as "already retried": the way out was an admin retrying the child.
     parent = failed(ledger)
-
-    def again(launcher: RecordingLauncher, operators: Operators = LOCAL) -> RetryResult:
-        return retry_entry(
-            ledger,
-            parent.id,
-            specs=SPECS,
-            operator="bob",
-            reason="the code server is back",
-            operators=operators,
-            acknowledge_side_effects=False,
-            instance=instance,
-            launcher=launcher,
-        )
-
     with pytest.raises(LaunchFailed):
-        retry_entry(
-            ledger,
-            parent.id,
-            specs=SPECS,
-            operator="alice",
-            reason="first try",
-            operators=LOCAL,
-            acknowledge_side_effects=False,
-            instance=instance,
-            launcher=RecordingLauncher(fail="code server unreachable"),
-        )
+        retry_by(ledger, parent, instance, RecordingLauncher(fail="code server unreachable"))
     [child] = ledger.children(parent.id)
+    again = "the code server is back"
     # Another failed launch keeps it dispatch_failed, with both errors.
     with pytest.raises(LaunchFailed):
-        again(RecordingLauncher(fail="still unreachable"))
+        retry_by(ledger, parent, instance, RecordingLauncher(fail="still unreachable"))
     launcher = RecordingLauncher()
-    result = again(launcher)
+    result = retry_by(ledger, parent, instance, launcher, operator="bob", reason=again)
 
     assert result.redispatched and result.as_json()["redispatched"] is True
-    assert result.record.child.id == child.id and ledger.children(parent.id) == [
-        ledger.get(child.id)
-    ]
+    assert result.record.child.id == child.id
+    assert ledger.children(parent.id) == [ledger.get(child.id)]
     after = ledger.get(child.id)
     assert after is not None and (after.status, after.attempt) == (t.STATUS_QUEUED, 0)
     errors = [f["error"] for f in after.summary["dispatch_failures"]]
@@ -650,12 +640,12 @@ def test_repeating_a_retry_whose_launch_failed_re_dispatches_the_same_child(
         a for a in ledger.audit_for(parent.id) if a["action"] == "manual_retry_redispatch"
     ]
     assert [(a["operator"], a["outcome"].split(":")[0]) for a in redispatches] == [
-        ("bob", "allowed"),
+        ("alice", "allowed"),
         ("bob", "allowed"),
     ]
     # Once launched, the child is no longer dispatch_failed: a retry is refused as usual.
     with pytest.raises(Refused, match="already retried"):
-        again(RecordingLauncher())
+        retry_by(ledger, parent, instance, RecordingLauncher())
 
 
 def test_re_dispatching_a_retry_child_still_needs_the_retrier_role(
@@ -663,31 +653,18 @@ def test_re_dispatching_a_retry_child_still_needs_the_retrier_role(
 ) -> None:
     parent = failed(ledger)
     with pytest.raises(LaunchFailed):
-        retry_entry(
-            ledger,
-            parent.id,
-            specs=SPECS,
-            operator="alice",
-            reason="first try",
-            operators=LOCAL,
-            acknowledge_side_effects=False,
-            instance=instance,
-            launcher=RecordingLauncher(fail="down"),
-        )
+        retry_by(ledger, parent, instance, RecordingLauncher(fail="down"))
     allow_list = tmp_path / "operators.toml"
     allow_list.write_text('[operators]\nvera = ["viewer"]\n')
     launcher = RecordingLauncher()
     with pytest.raises(Refused, match="retrier"):
-        retry_entry(
+        retry_by(
             ledger,
-            parent.id,
-            specs=SPECS,
+            parent,
+            instance,
+            launcher,
             operator="vera",
-            reason="x",
             operators=load_operators(str(allow_list)),
-            acknowledge_side_effects=False,
-            instance=instance,
-            launcher=launcher,
         )
     assert launcher.calls == []
     [child] = ledger.children(parent.id)
