@@ -243,10 +243,19 @@ def main(argv: list[str] | None = None) -> int:
         led,
         base,
     )
-    # Untimed: the first instance opened on each throwaway home creates its storage.
-    for side in (dueledger, bare):
-        if not side.load_in_dagster().ok:
-            failures.append(f"opening the Dagster instance of {side.name} failed")
+    # Untimed: the first instance opened on each throwaway home creates its storage: the
+    # warm-up runs (they also migrate the ledger), or with --no-runs an instance opened.
+    if args.no_runs:
+        for side in (dueledger, bare):
+            if not side.load_in_dagster().ok:
+                failures.append(f"opening the Dagster instance of {side.name} failed")
+    else:
+        for side, job, tags in (
+            (dueledger, TASK_JOBS[args.tasks[0]], job_tags(args.tasks[0])),
+            (bare, BARE_JOB, None),
+        ):
+            if not side.run(job, tags).ok:
+                failures.append(f"warm-up run {job} of {side.name} failed")
     led, base = paired(args.repeat, 1, dueledger.load_in_dagster, bare.load_in_dagster)
     failures += [
         f"a load of {side.name} into a Dagster process failed"
@@ -264,13 +273,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = 0
     if not args.no_runs:
-        # Untimed: creates each side's instance storage (and the ledger's tables).
-        for side, job, tags in (
-            (dueledger, TASK_JOBS[args.tasks[0]], job_tags(args.tasks[0])),
-            (bare, BARE_JOB, None),
-        ):
-            if not side.run(job, tags).ok:
-                failures.append(f"warm-up run {job} of {side.name} failed")
         for i, key in enumerate(args.tasks):
             spec = next(s for s in TASKS if s.key == key)
             tags = job_tags(key)
