@@ -199,8 +199,9 @@ def entry_from_row(row: Mapping[Any, Any]) -> Entry:
     Every claim, failure, reclaim and listed entry goes through here, so it builds the
     frozen dataclass without its ``__init__``: the generated one sets each of the 25 fields
     through ``object.__setattr__``, which was most of this function's cost (about two
-    thirds, bench/ledger_claims.py). Entry has no ``__post_init__`` or defaults to apply
-    (tests/resources/test_ledger_hot_path.py checks both, and the fields against
+    thirds, bench/ledger_claims.py). Every field is read from the row (a missing column is
+    a KeyError, as before), so no default applies, and Entry has no ``__post_init__`` to
+    skip (tests/resources/test_ledger_hot_path.py checks that, and the result against
     ``Entry(...)``); times are converted as in :func:`from_db`.
     """
     values = dict(row)
