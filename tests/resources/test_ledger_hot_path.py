@@ -194,6 +194,10 @@ ROW: dict[str, Any] = {
     "summary": {"late_job_rejections": [{"run_id": "run-b"}]},
     "manual_retry_at": None,
     "manual_retry_by": None,
+    # Columns added later with a default (as stored rows of that time have it).
+    **{
+        f.name: f.default for f in dataclasses.fields(Entry) if f.default is not dataclasses.MISSING
+    },
 }
 
 
