@@ -2,7 +2,7 @@
 against the same queue of one-asset Dagster jobs with the same daemon configuration.
 
     uv run --frozen python bench/drain.py [--runs N] [--pairs P] [--backend sqlite|postgres]
-                                          [--project LABEL=DIR ...] [--json PATH]
+                                          [--project LABEL=DIR ...] [--tasks a,b] [--json PATH]
 
 Per workload, one after the other (the baseline first, then every project, ``--pairs``
 times): a fresh ``DAGSTER_HOME`` whose ``dagster.yaml`` is ``deploy/dagster.yaml`` --
@@ -18,11 +18,15 @@ database (``tests/pg_server.py``), and the dequeue interval at 1 s (as the soak 
    runs completed per minute from the first dequeue (the first ``RUN_STARTING`` event: the
    coordinator marks a run STARTING as it dequeues and launches it) to the last run's end.
 
-The dueledger runs go round-robin over the manually launchable tasks, each with the tags of
-``dueledger launch`` (its own request id), so each claims its own ledger entry; the
-baseline location has as many one-asset jobs, each asset in its own pool, and its runs
-carry ``dueledger/task`` too, so the per-task concurrency limit of ``deploy/dagster.yaml``
-binds both the same way. ``--bare-executor`` (default ``in_process``, what task jobs use)
+The dueledger runs go round-robin over the manually launchable tasks (``--tasks``: those
+named), each with the tags of ``dueledger launch`` (its own request id), so each claims its
+own ledger entry; the baseline location has as many one-asset jobs, each asset in its own
+pool, and its runs carry ``dueledger/task`` too, so the per-task concurrency limit of
+``deploy/dagster.yaml`` binds both the same way. Most manually launchable tasks run a domain
+rule, which imports pandas and computes on the sample data -- their work, which the
+one-asset jobs do not have; ``--tasks ledger_health`` (no pandas: a few reads of the ledger)
+comes closest to what dueledger adds around a run (one task: its runs, like the single
+baseline job's, go one at a time). ``--bare-executor`` (default ``in_process``, what task jobs use)
 chooses the baseline jobs' executor. Sample data is generated first (untimed).
 
 No scheduled run competes with the queue: the processes run with
@@ -30,6 +34,12 @@ No scheduled run competes with the queue: the processes run with
 workload that would reach midnight (``--allowance`` seconds) waits for it to pass.
 ``--project LABEL=DIR`` (repeatable) measures another checkout
 with this venv, e.g. a worktree of an older commit. Target: >= 0.85x the baseline.
+
+Each workload's log line also gives the median run's start-up (``RUN_STARTING`` to
+``RUN_START``: the launch, the worker process, Dagster and the code location loading) and
+its execution (``RUN_START`` to the end). The dequeue daemon waits for every launch of an
+iteration before it looks at the queue again, so a slower start-up also delays the next
+dequeues.
 """
 
 from __future__ import annotations
@@ -111,6 +121,8 @@ class Drain:
     runs: int
     succeeded: int
     seconds: float  # first dequeue -> last end
+    startup: float = 0.0  # median run: RUN_STARTING -> RUN_START
+    execution: float = 0.0  # median run: RUN_START -> end
 
     @property
     def per_minute(self) -> float:
@@ -136,13 +148,13 @@ def instance_config(storage: dict[str, Any] | None) -> dict[str, Any]:
     return config
 
 
-def dueledger_workload(label: str, root: Path) -> Workload:
+def dueledger_workload(label: str, root: Path, tasks: Sequence[str] = ()) -> Workload:
     # Imported here: the project's task registry and tags, read from this checkout only
     # to name the jobs (the measured processes import the checkout given by ``root``).
     from orchestration.manual import manual_tags
     from orchestration.tasks import TASKS
 
-    specs = [s for s in TASKS if s.manual_trigger]
+    specs = [s for s in TASKS if s.manual_trigger and (not tasks or s.key in tasks)]
     jobs: list[tuple[str, dict[str, str]]] = [(s.job_name, {}) for s in specs]
 
     def tags(n: int) -> dict[str, str]:
@@ -274,12 +286,21 @@ def measure(
                         + log.read_text(errors="replace")[-3000:]
                     )
                 time.sleep(1)
-            dequeued = []
-            for run_id in ids:
-                events = instance.get_records_for_run(
-                    run_id, of_type=dg.DagsterEventType.RUN_STARTING
-                ).records
-                dequeued += [e.timestamp for e in events]
+            dequeued, startups, executions = [], [], []
+            for record in records:
+                run_id = record.dagster_run.run_id
+                starting, started = (
+                    [
+                        e.timestamp
+                        for e in instance.get_records_for_run(run_id, of_type=kind).records
+                    ]
+                    for kind in (dg.DagsterEventType.RUN_STARTING, dg.DagsterEventType.RUN_START)
+                )
+                dequeued += starting
+                if starting and started:
+                    startups.append(started[0] - starting[0])
+                    if record.end_time is not None:
+                        executions.append(record.end_time - started[0])
             ended = [r.end_time for r in records if r.end_time is not None]
             succeeded = sum(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records)
     finally:
@@ -289,18 +310,29 @@ def measure(
         else:
             os.environ["DAGSTER_HOME"] = previous
     seconds = max(ended) - min(dequeued) if ended and dequeued else 0.0
-    result = Drain(workload.label, len(ids), succeeded, seconds)
+    result = Drain(
+        workload.label,
+        len(ids),
+        succeeded,
+        seconds,
+        statistics.median(startups) if startups else 0.0,
+        statistics.median(executions) if executions else 0.0,
+    )
     print(
         f"  {workload.label}: {result.per_minute:.1f} runs/min ({runs} runs in {seconds:.0f} s, "
-        f"{succeeded} succeeded)",
+        f"{succeeded} succeeded; median run: start-up {result.startup:.1f} s, execution "
+        f"{result.execution:.1f} s)",
         file=sys.stderr,
         flush=True,
     )
     return result
 
 
-def rows(results: Sequence[Sequence[Drain]], runs: int, backend: str) -> list[Row]:
+def rows(
+    results: Sequence[Sequence[Drain]], runs: int, backend: str, tasks: Sequence[str] = ()
+) -> list[Row]:
     size = f"{runs} runs x {len(results)} pairs"
+    jobs = f" of {', '.join(tasks)}" if tasks else ""
     bare = statistics.median(r[0].per_minute for r in results)
     out = [
         Row(
@@ -319,7 +351,9 @@ def rows(results: Sequence[Sequence[Drain]], runs: int, backend: str) -> list[Ro
         out.append(
             Row(
                 area=AREA,
-                measurement=f"runs completed/min by dagster-daemon, dueledger task jobs{name}",
+                measurement=(
+                    f"runs completed/min by dagster-daemon, dueledger task jobs{jobs}{name}"
+                ),
                 size=size,
                 value=round(value, 2),
                 unit="runs/min",
@@ -348,14 +382,31 @@ def rows(results: Sequence[Sequence[Drain]], runs: int, backend: str) -> list[Ro
     return out
 
 
-def workloads(base: Path, projects: Sequence[str], bare_executor: str) -> list[Workload]:
+def parse_tasks(text: str) -> list[str]:
+    """``--tasks``: manually launchable task keys (the runs are manual launches)."""
+    from orchestration.tasks import TASKS  # this checkout's registry, as the workload's
+
+    manual = [s.key for s in TASKS if s.manual_trigger]
+    wanted = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in manual]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or '(none)'}: not a manually launchable task; choose from "
+            f"{', '.join(manual)}"
+        )
+    return wanted
+
+
+def workloads(
+    base: Path, projects: Sequence[str], bare_executor: str, tasks: Sequence[str] = ()
+) -> list[Workload]:
     out: list[Workload] = []
     for spec in projects or [f"dueledger={_paths.ROOT}"]:
         label, _, directory = spec.partition("=")
         root = Path(directory or ".").resolve()
         if not label or label == BARE or not (root / "workspace.yaml").is_file():
             raise SystemExit(f"--project {spec!r}: want LABEL=DIR with DIR/workspace.yaml")
-        out.append(dueledger_workload(label, root))
+        out.append(dueledger_workload(label, root, tasks))
     count = len(out[0].jobs)
     return [bare_workload(base, count, bare_executor), *out]
 
@@ -366,6 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=1)
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--project", action="append", default=[], metavar="LABEL=DIR")
+    parser.add_argument(
+        "--tasks",
+        type=parse_tasks,
+        default=[],
+        help="comma-separated task keys to launch (default: every manually launchable task)",
+    )
     parser.add_argument("--bare-executor", choices=("in_process", "multiprocess"))
     parser.add_argument("--allowance", type=float, help="seconds one workload may take")
     parser.add_argument("--timeout", type=float, default=1800.0)
@@ -379,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dueledger-drain-") as tmp:
         base = Path(args.work or tmp)
         base.mkdir(parents=True, exist_ok=True)
-        chosen = workloads(base, args.project, args.bare_executor or "in_process")
+        chosen = workloads(base, args.project, args.bare_executor or "in_process", args.tasks)
         server = None
         watchdog = None
         make_storage: Callable[[str], dict[str, Any] | None] = lambda name: None  # noqa: E731
@@ -429,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems or not results:
         print("\n".join(problems) or "no result", file=sys.stderr)
         return 1
-    table = rows(results, args.runs, args.backend)
+    table = rows(results, args.runs, args.backend, args.tasks)
     for row in table:
         ratio = f", {row.ratio:.2f}x the one-asset jobs" if row.ratio is not None else ""
         print(f"{row.measurement} ({row.backend}): {row.value:g} {row.unit}{ratio}")

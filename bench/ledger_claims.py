@@ -9,7 +9,7 @@ What it does, in one run and on one server:
    round trips and CPU, not disks) unless ``--url`` names an existing database, and applies
    the ledger migrations.
 2. For each worker count, alternately (``--rounds`` times each, to even out noise from other
-   load on the machine) runs
+   load on the machine; which side goes first alternates from round to round) runs
    - **ledger**: ``RunLedger.claim`` -> ``heartbeat`` -> ``succeed``;
    - **baseline**: the same three compare-and-set UPDATEs written as raw SQL on a plain
      psycopg2 autocommit connection (the claim also appends the run id and returns the row,
@@ -25,12 +25,12 @@ What it does, in one run and on one server:
    more than one successful claim (neither in the callers' answers nor in the table:
    attempt at most 1, at most one run id); anything else is counted as a double claim.
 
-Prints a table with both rates, the ratio ledger/baseline (median over rounds) and the
-client CPU time per cycle of each side. ``--json PATH`` also writes the result rows for
-``bench/run.py``. The CPU column explains the ratio on a small host:
-when the workers and the server share few cores, throughput follows CPU per cycle, and
-the ledger's extra work (validation, pooling, building the returned Entry) shows; with
-spare cores or a remote server, round trips dominate and the two converge.
+Prints a table with both rates (medians over rounds), the ratio ledger/baseline (the median
+of the rounds' paired ratios) and the client CPU time per cycle of each side. ``--json
+PATH`` also writes the result rows for ``bench/run.py``. The CPU column explains the ratio
+on a small host: when the workers and the server share few cores, throughput follows CPU
+per cycle, and the ledger's extra work (validation, pooling, building the returned Entry)
+shows; with spare cores or a remote server, round trips dominate and the two converge.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ TARGET_RATIO = 0.9
 # The baseline: what a careful hand-written implementation sends, one statement per step.
 RAW_CLAIM = """
 UPDATE dueledger_entries
-   SET status = 'running', attempt = attempt + 1, lease_owner = %(run)s,
+   SET status = 'running', attempt = attempt + 1, claim_generation = claim_generation + 1,
+       lease_owner = %(run)s,
        lease_expires_at = %(expires)s, heartbeat_at = %(now)s, started_at = %(now)s,
        updated_at = %(now)s, run_ids = run_ids || jsonb_build_array(%(run)s::text)
  WHERE id = %(id)s AND status IN ('queued', 'retrying') AND attempt < max_attempts
@@ -214,6 +215,18 @@ def _race_task(url: str, entry_ids: list[int], tag: str, seconds: float, barrier
 # --- driver ---------------------------------------------------------------------------------
 
 
+def round_order(index: int) -> tuple[str, str]:
+    """The sides in the order they run in round ``index``: alternating, so that neither
+    always runs second -- on the table the other has just grown and filled with dead row
+    versions, possibly while autovacuum cleans up after it."""
+    return ("baseline", "ledger") if index % 2 == 0 else ("ledger", "baseline")
+
+
+def paired_ratio(ledger: list[float], baseline: list[float]) -> float:
+    """Median over rounds of ledger / baseline, each pair measured back to back."""
+    return statistics.median(led / base for led, base in zip(ledger, baseline, strict=True))
+
+
 @dataclass
 class Pool:
     pool: Any
@@ -305,23 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         pool.run(_warm, [()] * max(counts))  # every process imports everything up front
         print(
             f"server: {sa.make_url(url).render_as_string(hide_password=True)}; "
-            f"window {args.seconds:g} s, {args.rounds} round(s) per side, median reported",
+            f"window {args.seconds:g} s, {args.rounds} round(s) per side, medians reported",
             flush=True,
         )
         rows = []
-        for workers in counts:
+        for n, workers in enumerate(counts):
             rates: dict[str, list[float]] = {"baseline": [], "ledger": []}
             cpus: dict[str, list[float]] = {"baseline": [], "ledger": []}
             paused = 0.0
-            for _ in range(args.rounds):
-                for mode in ("baseline", "ledger"):
+            for r in range(args.rounds):
+                for mode in round_order(r + n):
                     rate, cpu, paused_share = measure(pool, mode, url, workers, args.seconds)
                     rates[mode].append(rate)
                     cpus[mode].append(cpu)
                     paused = max(paused, paused_share)
             base, led = (statistics.median(rates[m]) for m in ("baseline", "ledger"))
             cpu_base, cpu_led = (statistics.median(cpus[m]) for m in ("baseline", "ledger"))
-            rows.append((workers, base, led, led / base, cpu_base, cpu_led, paused))
+            ratio = paired_ratio(rates["ledger"], rates["baseline"])
+            rows.append((workers, base, led, ratio, cpu_base, cpu_led, paused))
             print(
                 f"  {workers} worker(s): baseline {[round(r) for r in rates['baseline']]} "
                 f"ledger {[round(r) for r in rates['ledger']]}",

@@ -110,31 +110,42 @@ def _min_gap_minutes(instants: list[datetime]) -> int | None:
     return min(gaps) if gaps else None
 
 
-@functools.cache  # pure; task validation and the task views both ask (600 croniter steps each)
-def cron_cadence(cron: str, timezone: str = "UTC") -> Cadence:
-    """The finest interval between consecutive fires of ``cron`` (its declared cadence)."""
-    tz = ZoneInfo(timezone)
-    itr = croniter(cron, _SAMPLE_START.astimezone(tz))
+@functools.cache  # pure; both cadences below read it, and every process loading the tasks asks
+def _sample_fires(cron: str, timezone: str) -> tuple[datetime, ...]:
+    """The first fires of ``cron`` (read in ``timezone``) after the sample start, as UTC
+    instants: at most ``_SAMPLE_FIRES``, none later than ``_SAMPLE_SPAN`` after the start.
+
+    Loading the code location samples every cron task here, and croniter's steps were most
+    of what the definitions cost beyond Dagster's own (bench/run_cost.py): one sample per
+    cron serves both cadences, and a cron read in UTC steps over naive datetimes, which
+    skips croniter's timezone bookkeeping (UTC has no DST, so the fires are the same).
+    """
+    # as_utc reads the naive fires as UTC, the aware ones converts.
+    if timezone == "UTC":
+        itr = croniter(cron, _SAMPLE_START.replace(tzinfo=None))
+    else:
+        itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(timezone)))
     fires = []
     for _ in range(_SAMPLE_FIRES):
         fire = as_utc(itr.get_next(datetime))
         if fire - _SAMPLE_START > _SAMPLE_SPAN:
             break
         fires.append(fire)
-    gap = _min_gap_minutes(fires)
+    return tuple(fires)
+
+
+@functools.cache  # pure; task validation and the task views both ask
+def cron_cadence(cron: str, timezone: str = "UTC") -> Cadence:
+    """The finest interval between consecutive fires of ``cron`` (its declared cadence)."""
+    gap = _min_gap_minutes(list(_sample_fires(cron, timezone)))
     return Cadence(gap if gap is not None else 525_600)
 
 
 @functools.cache  # pure, like cron_cadence
 def cron_effective_cadence(cron: str, slot_minutes: int, timezone: str = "UTC") -> Cadence:
     """The finest interval between distinct dues once fires are floored to the slot."""
-    tz = ZoneInfo(timezone)
-    itr = croniter(cron, _SAMPLE_START.astimezone(tz))
     dues: list[datetime] = []
-    for _ in range(_SAMPLE_FIRES):
-        fire = as_utc(itr.get_next(datetime))
-        if fire - _SAMPLE_START > _SAMPLE_SPAN:
-            break
+    for fire in _sample_fires(cron, timezone):
         due = floor_to_slot(fire, slot_minutes)
         if not dues or dues[-1] != due:
             dues.append(due)

@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -194,38 +194,45 @@ class Entry:
         }
 
 
+#: Entry's fields in order, each read from the column of the same name, and how each kind
+#: of field is converted (by its annotation, so a new column converts like its kind).
+_FIELDS: Final = tuple(f.name for f in fields(Entry))
+_FIELD_SET: Final = frozenset(_FIELDS)
+_TIMES: Final = tuple(f.name for f in fields(Entry) if f.type in ("datetime", "datetime | None"))
+_INTS: Final = tuple(f.name for f in fields(Entry) if f.type == "int")
+_OPTIONAL_INTS: Final = tuple(f.name for f in fields(Entry) if f.type == "int | None")
+_combine = datetime.combine
+
+
 def entry_from_row(row: Mapping[Any, Any]) -> Entry:
-    created = from_db(row["created_at"])
-    updated = from_db(row["updated_at"])
-    assert created is not None and updated is not None  # NOT NULL columns
-    return Entry(
-        id=int(row["id"]),
-        task_key=row["task_key"],
-        trigger=row["trigger"],
-        origin=row["origin"],
-        dedup_key=row["dedup_key"],
-        due=from_db(row["due"]),
-        status=row["status"],
-        attempt=int(row["attempt"]),
-        max_attempts=int(row["max_attempts"]),
-        parent_id=None if row["parent_id"] is None else int(row["parent_id"]),
-        run_ids=tuple(row["run_ids"] or ()),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=from_db(row["lease_expires_at"]),
-        heartbeat_at=from_db(row["heartbeat_at"]),
-        created_at=created,
-        started_at=from_db(row["started_at"]),
-        finished_at=from_db(row["finished_at"]),
-        updated_at=updated,
-        operator=row["operator"],
-        reason=row["reason"],
-        failure_kind=row["failure_kind"],
-        error=row["error"],
-        summary=with_summary_lists(row["summary"]),
-        manual_retry_at=from_db(row["manual_retry_at"]),
-        manual_retry_by=row["manual_retry_by"],
-        claim_generation=int(row["claim_generation"]),
-    )
+    """The Entry of a stored row (a mapping by column name; other columns are ignored).
+
+    Every claim, failure, reclaim and listed entry goes through here, so it builds the
+    frozen dataclass without its ``__init__``: the generated one sets each of the 25 fields
+    through ``object.__setattr__``, which was most of this function's cost (about two
+    thirds, bench/ledger_claims.py). Every field is read from the row (a missing column is
+    a KeyError, as before), so no default applies, and Entry has no ``__post_init__`` to
+    skip (tests/resources/test_ledger_hot_path.py checks that, and the result against
+    ``Entry(...)``); times are converted as in :func:`from_db`.
+    """
+    values = dict(row)
+    if values.keys() != _FIELD_SET:  # a row with other columns: take Entry's only
+        values = {name: row[name] for name in _FIELDS}
+    for name in _TIMES:
+        value = values[name]
+        if value is not None:
+            values[name] = _combine(value, value.time(), UTC)
+    assert values["created_at"] is not None and values["updated_at"] is not None  # NOT NULL
+    for name in _INTS:
+        values[name] = int(values[name])
+    for name in _OPTIONAL_INTS:
+        if values[name] is not None:
+            values[name] = int(values[name])
+    values["run_ids"] = tuple(values["run_ids"] or ())
+    values["summary"] = with_summary_lists(values["summary"])
+    entry = object.__new__(Entry)
+    entry.__dict__.update(values)
+    return entry
 
 
 @dataclass(frozen=True)

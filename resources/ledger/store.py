@@ -10,7 +10,6 @@ shared summary writes. The read side (``queries.py``) and the compare-and-set wr
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +23,7 @@ from resources.core.checks import require_aware
 from resources.core.entries import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS
 from resources.core.settings import ENV_DATABASE_URL, load_settings
 from resources.ledger import migrate as migrations
-from resources.ledger.engine import Mode, Runtime, build_runtime
+from resources.ledger.engine import Mode, Runtime, build_runtime, current_pid
 from resources.ledger.model import (
     Entry,
     UnknownEntryError,
@@ -76,7 +75,7 @@ class LedgerStore(dg.ConfigurableResource):
         # about 6 us, paid on every ledger call (bench/ledger_claims.py).
         private = self.__pydantic_private__
         runtime = private.get("_runtime") if private else self._runtime
-        if runtime is None or runtime.pid != os.getpid():
+        if runtime is None or runtime.pid != current_pid():
             inherited = None
             if runtime is not None:
                 # Inherited through fork: never use the parent's pooled connections.
@@ -93,7 +92,7 @@ class LedgerStore(dg.ConfigurableResource):
     def dispose(self) -> None:
         """Close pooled connections (the engine is recreated on next use)."""
         runtime = self._runtime
-        if runtime is not None and runtime.pid == os.getpid():
+        if runtime is not None and runtime.pid == current_pid():
             runtime.close_idle()
             runtime.engine.dispose()
         self._runtime = None

@@ -4,6 +4,7 @@ tree, the window that keeps clear of a due, the instance config, the rows and ra
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import drain
 import idle
+import pytest
 from drain import Drain
 from idle import Sample
 from run import KIND_CHECK, Row
@@ -77,3 +79,14 @@ def test_the_drain_instance_is_the_deploy_config_with_its_storage_swapped():
     pg = drain.instance_config({"postgres": {"postgres_url": "postgresql://x"}})
     assert pg["storage"] == {"postgres": {"postgres_url": "postgresql://x"}}
     assert pg["concurrency"] == config["concurrency"]
+
+
+def test_drain_tasks_are_manually_launchable_ones_and_name_the_row():
+    assert drain.parse_tasks("ledger_health, order_cleanup") == ["ledger_health", "order_cleanup"]
+    with pytest.raises(argparse.ArgumentTypeError, match="tick_every_slot"):
+        drain.parse_tasks("tick_every_slot")  # not manually launchable
+    workload = drain.dueledger_workload("dueledger", drain._paths.ROOT, ["ledger_health"])
+    assert [job for job, _ in workload.jobs] == ["ledger_health_job"]
+    pairs = [[Drain("bare", 10, 10, 60.0, 20.0, 1.0), Drain("dueledger", 10, 10, 60.0)]]
+    _, ours, _ = drain.rows(pairs, 10, "sqlite", ["ledger_health"])
+    assert ours.measurement.endswith("dueledger task jobs of ledger_health")

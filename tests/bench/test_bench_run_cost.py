@@ -57,13 +57,16 @@ def test_the_load_rows_measure_both_locations_in_fresh_processes(tmp_path):
     assert run_cost.main([*args, "--out", str(tmp_path / "w"), "--json", str(out)]) == 0
     bench, rows = read_json(out)
     assert bench == "run_cost"
-    cpu, memory, check = rows
-    for row in (cpu, memory):
-        assert row.area == run_cost.AREA and "import orchestration.definitions" in row.measurement
-        assert row.value > 0 and row.baseline is not None and row.baseline > 0
+    cpu, memory, in_dagster_cpu, in_dagster_memory, check = rows
+    for row in (cpu, memory, in_dagster_cpu, in_dagster_memory):
+        assert row.area == run_cost.AREA and row.value > 0
+        assert row.baseline is not None and row.baseline > 0
         # One pair: the ratio is that pair's, formed from both measurements.
         assert row.ratio == pytest.approx(row.value / row.baseline)
         assert row.target == "ratio <= 1.30" and row.met is not None
+    assert "import orchestration.definitions" in cpu.measurement
+    assert "DagsterInstance.get()" in in_dagster_cpu.measurement
+    assert [r.unit for r in rows[:4]] == ["s", "MiB", "s", "MiB"]
     assert check.kind == KIND_CHECK and check.met is True and check.value == 0
 
 

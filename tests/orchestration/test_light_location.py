@@ -1,10 +1,16 @@
-"""A light code location: loading the definitions imports no pandas or numpy.
+"""A light code location: loading the definitions imports no pandas or numpy, and in a
+Dagster process it brings no third-party package of its own but croniter.
 
 Every code server, run worker and sensor evaluation loads ``orchestration.definitions``
 before it does anything; only the domain rules' runs use pandas, so the rule modules are
 imported in the asset bodies (``assets/automation.py``, ``assets/domain_assets.py``) and
 the policies validated at load live in ``assets/policies.py``. The asset tests
 (tests/assets/) run the bodies, so they cover the lazy imports doing the work.
+
+SQLAlchemy is imported at load (the ledger resource, ``mask_url``) and stays so: such a
+process has already imported it for Dagster's own storage when it opens its instance
+(measured, bench/run_cost.py "load into a Dagster process"), so deferring ours would
+save nothing there. The probe pins that premise.
 """
 
 from __future__ import annotations
@@ -14,26 +20,45 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 HEAVY = ("pandas", "numpy")
+#: Third-party packages the definitions may add to a Dagster process (cron rules).
+LOAD_DEPENDENCIES = {"croniter", "dateutil"}
+PROJECT_PACKAGES = {"orchestration", "resources", "assets", "sensors"}
 
+# As a code server or run worker: the instance first (Dagster's storage), then the location.
 _PROBE = """
 import json, sys
+import dagster as dg
+with dg.DagsterInstance.get() as instance:
+    instance.get_runs(limit=1)
+before = set(sys.modules)
 import orchestration.definitions as d
 jobs = sorted(job.name for job in d.defs.resolve_all_job_defs())
-print(json.dumps({"jobs": jobs, "loaded": sorted(m for m in sys.argv[1:] if m in sys.modules)}))
+added = sorted({m.split(".")[0] for m in set(sys.modules) - before})
+print(json.dumps({
+    "jobs": jobs,
+    "heavy": sorted(m for m in sys.argv[1:] if m in sys.modules),
+    "added": [m for m in added if m not in sys.stdlib_module_names],
+    "sqlalchemy_before": "sqlalchemy" in before,
+}))
 """
 
 
-def test_loading_the_definitions_imports_neither_pandas_nor_numpy(tmp_path: Path) -> None:
-    # A fresh interpreter: this test process has imported pandas long ago.
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What one fresh Dagster process imported: this test process imported pandas long ago."""
+    home = tmp_path_factory.mktemp("light_location")
     env = {
         **os.environ,
-        "DAGSTER_HOME": str(tmp_path),
-        "DUELEDGER_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-        "DUELEDGER_SOURCE_URL": f"sqlite:///{tmp_path / 'source.sqlite'}",
+        "DAGSTER_HOME": str(home),
+        "DUELEDGER_DATABASE_URL": f"sqlite:///{home / 'ledger.sqlite'}",
+        "DUELEDGER_SOURCE_URL": f"sqlite:///{home / 'source.sqlite'}",
     }
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", _PROBE, *HEAVY],
@@ -44,9 +69,26 @@ def test_loading_the_definitions_imports_neither_pandas_nor_numpy(tmp_path: Path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "billing_maintenance_job" in result["jobs"]  # the location really loaded
-    assert result["loaded"] == [], (
-        f"loading orchestration.definitions imported {result['loaded']}; import them where "
+    return result
+
+
+def test_loading_the_definitions_imports_neither_pandas_nor_numpy(loaded: dict[str, Any]) -> None:
+    assert loaded["heavy"] == [], (
+        f"loading orchestration.definitions imported {loaded['heavy']}; import them where "
         f"the work runs (inside the asset body or the function that computes)"
     )
+
+
+def test_in_a_dagster_process_the_definitions_add_no_third_party_package_but_croniter(
+    loaded: dict[str, Any],
+) -> None:
+    added = set(loaded["added"]) - PROJECT_PACKAGES - {"dagster"}
+    assert added <= LOAD_DEPENDENCIES, (
+        f"loading orchestration.definitions imported {sorted(added - LOAD_DEPENDENCIES)} into "
+        f"every code server and run worker; import it where the work runs"
+    )
+    # Why SQLAlchemy is not deferred: Dagster's storage has imported it already. Should a
+    # Dagster release make that lazy, deferring the ledger's would pay off: this says so.
+    assert loaded["sqlalchemy_before"], "Dagster's instance no longer imports SQLAlchemy"

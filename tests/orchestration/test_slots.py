@@ -1,6 +1,7 @@
 """Due and cadence arithmetic as tables of named instants (STYLE.md §9)."""
 
 from datetime import UTC, datetime, timedelta, timezone
+from itertools import pairwise
 
 import pytest
 
@@ -93,6 +94,55 @@ def test_cron_cadence_helpers_agree_with_hand_counts():
     assert cron_cadence("*/10 * * * *").minutes == 10
     assert cron_effective_cadence("*/10 * * * *", 15).minutes == 15
     assert cron_effective_cadence("*/20 * * * *", 15).minutes == 15  # :00,:20→:15,:40→:30
+
+
+def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> list[int]:
+    """How the cadences were computed before they shared one sample: each function stepped
+    croniter from an aware start in ``tz`` on its own (the reference for the shared one).
+    The declared cadence, then the effective one for each of ``slots``."""
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    from resources.core.slots import _SAMPLE_FIRES, _SAMPLE_SPAN, _SAMPLE_START, as_utc
+
+    itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(tz)))
+    fires = []
+    for _ in range(_SAMPLE_FIRES):
+        fire = as_utc(itr.get_next(datetime))
+        if fire - _SAMPLE_START > _SAMPLE_SPAN:
+            break
+        fires.append(fire)
+
+    def finest(instants: list[datetime]) -> int:
+        gaps = [int((b - a).total_seconds() // 60) for a, b in pairwise(instants)]
+        return min((g for g in gaps if g > 0), default=525_600)
+
+    return [finest(fires)] + [finest(sorted({floor_to_slot(f, s) for f in fires})) for s in slots]
+
+
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata"])
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "* * * * *",
+        "*/5 * * * *",
+        "*/7 * * * *",
+        "0 * * * *",
+        "0 0 * * *",
+        "0 2 * * *",  # inside the spring-forward hour in Europe/Berlin
+        "30 1 * * 0",
+        "15 9-17 * * 1-5",
+        "0 0 29 2 *",  # once in four years: no gap inside the sample
+    ],
+)
+def test_the_shared_cron_sample_gives_the_cadences_sampling_each_gave(cron, tz):
+    # Loading the code location computes both cadences from one memoised sample, and reads a
+    # UTC cron over naive datetimes (bench/run_cost.py); neither may change an answer.
+    slots = (1, 15, 60)
+    got = [cron_cadence(cron, tz).minutes]
+    got += [cron_effective_cadence(cron, slot, tz).minutes for slot in slots]
+    assert got == _cadences_sampled_one_by_one(cron, slots, tz)
 
 
 class TestDstInANonUtcTimezone:

@@ -8,6 +8,8 @@ cheaper time conversions at the database boundary give the same values as before
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -17,9 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from resources.core import tags
+from resources.core.entries import SUMMARY_KEYS
 from resources.ledger import Entry, RunLedger, dedup_key_for_due
 from resources.ledger.engine import HOT_PATH, prepare
-from resources.ledger.model import from_db, to_db
+from resources.ledger.model import entry_from_row, from_db, to_db
 from resources.ledger.statements import statements_for
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
@@ -160,3 +163,96 @@ def test_to_db_and_from_db_give_what_replace_gave(instant: datetime) -> None:
 def test_to_db_still_refuses_what_is_not_an_aware_datetime(bad: Any) -> None:
     with pytest.raises(ValueError, match="now"):
         to_db(bad, "now")
+
+
+# --- rows into entries ----------------------------------------------------------------------
+
+STORED = datetime(2026, 11, 30, 22, 45, 1, 123456)  # naive UTC, as the database keeps it
+ROW: dict[str, Any] = {
+    "id": 7,
+    "task_key": "order_cleanup",
+    "trigger": tags.TRIGGER_SCHEDULE,
+    "origin": "due",
+    "dedup_key": "due:2026-11-30T22:45:00Z",
+    "due": datetime(2026, 11, 30, 22, 45),
+    "status": tags.STATUS_RUNNING,
+    "attempt": 1,
+    "max_attempts": 3,
+    "parent_id": 3,
+    "run_ids": ["run-a"],
+    "lease_owner": "run-a",
+    "lease_expires_at": STORED + TTL,
+    "heartbeat_at": STORED,
+    "created_at": STORED,
+    "started_at": STORED,
+    "finished_at": None,
+    "updated_at": STORED,
+    "operator": None,
+    "reason": None,
+    "failure_kind": None,
+    "error": None,
+    "summary": {"late_job_rejections": [{"run_id": "run-b"}]},
+    "manual_retry_at": None,
+    "manual_retry_by": None,
+    # Columns added later with a default (as stored rows of that time have it).
+    **{
+        f.name: f.default for f in dataclasses.fields(Entry) if f.default is not dataclasses.MISSING
+    },
+}
+
+
+def _entry_through_init(row: dict[str, Any]) -> Entry:
+    """The entry as Entry's own __init__ builds it from the row (the reference)."""
+    values = {f.name: row[f.name] for f in dataclasses.fields(Entry)}
+    times = {name: from_db(v) for name, v in values.items() if isinstance(v, datetime)}
+    summary = {**{key: [] for key in SUMMARY_KEYS}, **row["summary"]}
+    return Entry(**{**values, **times, "run_ids": tuple(row["run_ids"]), "summary": summary})
+
+
+def test_an_entry_from_a_row_is_the_entry_its_init_builds() -> None:
+    # entry_from_row skips Entry.__init__ (its 25 frozen setattrs were most of the claim's
+    # conversion cost): the result must be the same object state, fully converted.
+    entry = entry_from_row(ROW)
+    assert vars(entry) == vars(_entry_through_init(ROW))
+    assert entry == _entry_through_init(ROW) and hash(entry) == hash(_entry_through_init(ROW))
+    assert all(value.tzinfo is UTC for value in vars(entry).values() if isinstance(value, datetime))
+    # What skipping __init__ relies on: nothing for it to run (every field comes from the row).
+    assert not hasattr(Entry, "__post_init__")
+
+
+def test_an_entry_from_a_row_ignores_other_columns_and_needs_its_own() -> None:
+    assert entry_from_row({**ROW, "a_newer_column": 1}) == entry_from_row(ROW)
+    with pytest.raises(KeyError, match="summary"):
+        entry_from_row({k: v for k, v in ROW.items() if k != "summary"})
+
+
+# --- fork ------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_builds_its_own_runtime(ledger: RunLedger) -> None:
+    # The process id the ledger checks on every call is kept without a system call and must
+    # follow a fork: a child using the parent's runtime would share its connections.
+    entry = _entry(ledger)
+    parent_runtime = ledger._rt()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            runtime = ledger._rt()
+            ok = (
+                runtime is not parent_runtime
+                and runtime.pid == os.getpid()
+                and runtime.inherited is parent_runtime
+                and ledger.get(entry.id) == entry
+            )
+            os.write(write, b"ok" if ok else b"shared")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = os.read(read, 16)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert answer == b"ok"
+    assert ledger._rt() is parent_runtime  # the parent keeps its own
