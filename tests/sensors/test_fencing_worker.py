@@ -35,7 +35,7 @@ from dagster_internals import (
     run_sensor_tick,
     start_run_worker,
 )
-from sensor_support import LedgerEnv, target, task_runs, utc_now, wait_for
+from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now, wait_for
 
 from orchestration.cli import main
 from resources.core import tags as t
@@ -137,6 +137,10 @@ def worker(world: World) -> Iterator[Worker]:
                 "the worker's claim",
                 lambda: [e for e in world.env.entries(TASK) if e.status == t.STATUS_RUNNING],
             )
+            # Frozen only once it waits: frozen mid-write it would hold a lock on Dagster's
+            # SQLite storage, and the reclaim sensor's tick could not open the instance.
+            marker = Path(fixture_module().waiting_marker(world.release))
+            wait_for("the worker's wait", marker.exists)
             yield Worker(instance, ctx, run, process)
         finally:
             if process.poll() is None:

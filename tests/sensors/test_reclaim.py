@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -27,7 +28,7 @@ from dagster_internals import (
     run_sensor_tick,
     start_run_worker,
 )
-from sensor_support import LedgerEnv, target, task_runs, utc_now, wait_for
+from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now, wait_for
 
 from orchestration.cli import main
 from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
@@ -66,6 +67,10 @@ def sleepy(ledger_env: LedgerEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[d
                     e for e in ledger_env.entries("sleepy_task") if e.status == t.STATUS_RUNNING
                 ],
             )
+            # Frozen or killed only once it waits: frozen mid-write it would hold a lock on
+            # Dagster's SQLite storage, and the sensor tick could not open the instance.
+            marker = Path(fixture_module().waiting_marker(ledger_env.tmp / "release"))
+            wait_for("the worker's wait", marker.exists)
             yield {"instance": instance, "ctx": ctx, "run": run, "worker": worker, "due": due}
         finally:
             if worker.poll() is None:
