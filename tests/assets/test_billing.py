@@ -419,6 +419,8 @@ def test_a_manual_run_overlapping_a_scheduled_one_sends_nothing_twice(stores):
     }
     with dg.instance_for_test() as instance:
         run_billing(stores, instance, due)
+        # A manual run of the same day's partition computes as of that day's end, never
+        # the wall clock: later overdue stages (day 3 is 2026-12-02 09:00) stay unreached.
         result = dg.materialize(
             [billing_maintenance],
             resources={
@@ -428,6 +430,7 @@ def test_a_manual_run_overlapping_a_scheduled_one_sends_nothing_twice(stores):
                 "rules": DomainRules(),
             },
             instance=instance,
+            partition_key=due.strftime("%Y-%m-%d"),
             tags=manual,
         )
     assert result.success
