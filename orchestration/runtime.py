@@ -34,6 +34,7 @@ from orchestration.retry import (
     retry_for_ui_reexecution,
     unrecorded_retry_refusal,
 )
+from orchestration.services.dagster_runs import MAX_RETRY_CHAIN
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from orchestration.task_plugins import task_registry
 from resources.core import tags as t
@@ -325,31 +326,53 @@ def settle_parent_of_automatic_retry(
 ) -> Entry:
     """Ledger rule 2 for Dagster's automatic retries (issue 4).
 
-    Dagster retries only a run it has ended FAILURE. When that run died without recording
-    its outcome (killed worker, max runtime) and this retry starts before the outcome
-    sensor has seen it, the entry is still leased to the parent: record the parent's
-    failed attempt now (``running -> retrying``) so this run claims the next attempt
-    instead of being refused as a duplicate. Every other run passes through unchanged.
+    Dagster retries only a run it has ended FAILURE. When a run of this retry's chain died
+    after claiming without recording its outcome (killed worker, max runtime) and this retry
+    starts before the outcome sensor has seen it, the entry is still leased to that run:
+    record its failed attempt now (``running -> retrying``) so this run claims the next
+    attempt instead of being refused as a duplicate. The lease owner is usually the parent;
+    it is an earlier ancestor when the retries between died before claiming (a worker killed
+    while loading). Every other run passes through unchanged.
     """
     tags = context.run.tags
-    parent_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
-    if t.DAGSTER_RETRY_NUMBER not in tags or not parent_id:
+    if t.DAGSTER_RETRY_NUMBER not in tags or not tags.get(t.DAGSTER_PARENT_RUN_ID):
         return entry
-    if entry.status != t.STATUS_RUNNING or entry.lease_owner != parent_id:
+    if entry.status != t.STATUS_RUNNING or not entry.lease_owner:
         return entry
-    parent = context.instance.get_run_record_by_id(parent_id)
-    if parent is None or parent.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+    owner = failed_ancestor(context.instance, tags, entry.lease_owner)
+    if owner is None:
         return entry
-    kind = t.FAILURE_TIMEOUT if run_timed_out(parent, "") else t.FAILURE_ERROR
+    kind = t.FAILURE_TIMEOUT if run_timed_out(owner, "") else t.FAILURE_ERROR
     return ledger.fail(
         entry.id,
-        parent_id,
+        entry.lease_owner,
         error=(
-            f"Dagster run {parent_id} failed after claiming the entry, without recording its "
-            f"outcome; its automatic retry {context.run.run_id} takes over"
+            f"Dagster run {entry.lease_owner} failed after claiming the entry, without "
+            f"recording its outcome; its automatic retry {context.run.run_id} takes over"
         ),
         kind=kind,
     )
+
+
+def failed_ancestor(
+    instance: dg.DagsterInstance, tags: Mapping[str, str], run_id: str
+) -> dg.RunRecord | None:
+    """``run_id``'s record when it is an ancestor of the run tagged ``tags`` along Dagster's
+    chain of automatic retries, and every run from it down to the parent ended FAILURE
+    (each was retried); else None. Follows at most MAX_RETRY_CHAIN parents."""
+    ancestor = tags.get(t.DAGSTER_PARENT_RUN_ID)
+    for _ in range(MAX_RETRY_CHAIN):
+        if not ancestor:
+            return None
+        record = instance.get_run_record_by_id(ancestor)
+        if record is None or record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            return None
+        if ancestor == run_id:
+            return record
+        if t.DAGSTER_RETRY_NUMBER not in record.dagster_run.tags:
+            return None  # the chain's first run, and not the owner
+        ancestor = record.dagster_run.tags.get(t.DAGSTER_PARENT_RUN_ID)
+    return None
 
 
 def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:

@@ -449,11 +449,15 @@ def settle_abandoned_retries(
       because creating the retry failed (e.g. the code location was unavailable), with no
       new run event, so :func:`reconcile_events` never saw the change;
     - the tag says ``true`` but no retry exists RETRY_LOST_AFTER after the run ended
-      (Dagster lost the retry; see RETRY_LOST_AFTER).
+      (Dagster lost the retry; see RETRY_LOST_AFTER);
+    - it succeeded without claiming: the ledger refused it (a retry that started while the
+      entry was still leased to a run the runtime could not tell was its ancestor), and
+      Dagster retries only failed runs.
 
     The run's outcome is then applied as "no retry": a claimed run's entry becomes
-    ``failed`` (keeping its error), a retry that died before claiming makes it
-    ``dispatch_failed``. Without this sweep the entry would wait in ``retrying`` forever.
+    ``failed`` (keeping its error), a retry that died or was refused before claiming makes
+    it ``dispatch_failed`` (the re-dispatch sensor takes a due entry from there). Without
+    this sweep the entry would wait in ``retrying`` forever.
 
     A ``retrying`` entry of a task the code location no longer registers ends at once
     (:func:`end_unregistered`): Dagster cannot retry a run whose job is gone ("Could not
@@ -488,6 +492,11 @@ def settle_abandoned_retries(
                 f"Dagster announced a retry of this run ({t.DAGSTER_WILL_RETRY}=true) and had "
                 f"not created it {RETRY_LOST_AFTER.total_seconds() / 60:g} minutes after the "
                 f"run ended: the retry was lost"
+            )
+        elif state is RetryState.NOT_RETRIED and run.status == dg.DagsterRunStatus.SUCCESS:
+            message = (
+                "the last run of the entry's retry chain succeeded without claiming the "
+                "entry (refused: nothing done), and Dagster retries only failed runs"
             )
         elif state is RetryState.NOT_RETRIED and run.tags.get(t.DAGSTER_WILL_RETRY) == "false":
             message = "Dagster announced a retry of this run and then did not launch it"

@@ -55,7 +55,10 @@ def dagster_retry_state(
     now: datetime,
 ) -> RetryState:
     """Pure: what Dagster will still do about retrying a run that has no automatic retry yet
-    (``ended_at``: its end, epoch s)."""
+    (``ended_at``: its end, epoch s). Dagster retries only failed runs: one that succeeded
+    (a retry refused by the ledger, nothing done) is never retried."""
+    if status == dg.DagsterRunStatus.SUCCESS:
+        return RetryState.NOT_RETRIED
     if status not in ENDED_STATUSES:
         return RetryState.RUNNING
     announced = tags.get(t.DAGSTER_WILL_RETRY, "").lower()

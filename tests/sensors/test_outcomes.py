@@ -716,6 +716,107 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     assert entry.summary["late_job_rejections"] == []
 
 
+def test_a_retry_whose_parent_died_before_claiming_takes_over_from_the_owner_above_it(
+    ledger_env: LedgerEnv, monkeypatch: pytest.MonkeyPatch
+):
+    # Seen in the soak: the owner's worker was killed after claiming, Dagster's first retry
+    # died before claiming (killed while loading; here: never started), and the second
+    # retry started before the outcome sensor had seen any of it. The entry was still
+    # leased to the grandparent: the second retry must take over, not be refused as a
+    # duplicate (which left the entry `retrying` with no run left to retry it).
+    release = ledger_env.tmp / "release"
+    monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
+    overrides = {**RETRIES_ON, **MONITORING_ON}
+    with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
+        run_scheduler_tick(ctx, AT_DUE)
+        (run,) = task_runs(instance, "slow_task")
+        worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
+        try:
+            wait_for(
+                "the worker's claim",
+                lambda: [
+                    e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING
+                ],
+            )
+        finally:
+            worker.kill()
+            worker.wait(timeout=30)
+        record = instance.get_run_record_by_id(run.run_id)
+        assert record is not None and record.start_time is not None
+        over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
+        run_monitoring_iteration(ctx, over)  # past its max runtime: FAILURE, will retry
+        run_retry_iteration(ctx, over + timedelta(seconds=5))
+        first_retry = task_runs(instance, "slow_task")[1]
+        # The first retry never starts: run monitoring fails it on its start timeout.
+        run_monitoring_iteration(ctx, over + timedelta(minutes=3, seconds=20))
+        dead = instance.get_run_by_id(first_retry.run_id)
+        assert dead is not None and dead.status == dg.DagsterRunStatus.FAILURE
+        run_retry_iteration(ctx, over + timedelta(minutes=3, seconds=25))
+        second_retry = task_runs(instance, "slow_task")[2]
+        assert second_retry.tags[t.DAGSTER_PARENT_RUN_ID] == first_retry.run_id
+        assert ledger_env.entries("slow_task")[0].lease_owner == run.run_id  # not seen yet
+
+        release.touch()
+        worker = start_run_worker(instance, second_retry.run_id, env=ledger_env.worker_env())
+        assert worker.wait(timeout=90) == 0
+
+    entry = ledger_env.entries("slow_task")[0]
+    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 2)
+    assert list(entry.run_ids) == [run.run_id, second_retry.run_id]
+    assert f"its automatic retry {second_retry.run_id} takes over" in (entry.error or "")
+    assert entry.summary["late_job_rejections"] == []
+
+
+def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying(ledger):
+    # The safety net for the case above: a chain's last run succeeded without claiming
+    # (refused), so Dagster will never retry it. The entry must not wait in `retrying`
+    # forever: it becomes dispatch_failed, which the re-dispatch sensor takes up.
+    views = build_views(
+        [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
+        15,
+        "UTC",
+    )
+    job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="strict_task_job")
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(job, tags=TAGS)
+        instance.report_run_failed(run)
+        instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "true"})
+        entry = _claimed(ledger, run.run_id)
+        ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
+        retry_tags = {
+            **TAGS,
+            t.DAGSTER_PARENT_RUN_ID: run.run_id,
+            t.DAGSTER_ROOT_RUN_ID: run.run_id,
+            t.DAGSTER_RETRY_NUMBER: "1",
+        }
+        refused = instance.create_run_for_job(job, tags=retry_tags)
+        instance.add_run_tags(run.run_id, {t.DAGSTER_AUTO_RETRY_RUN_ID: refused.run_id})
+        instance.report_run_failed(refused)  # the statuses below are what counts
+        instance.handle_new_event(
+            dg.EventLogEntry(
+                error_info=None,
+                level="debug",
+                user_message="",
+                run_id=refused.run_id,
+                timestamp=LATER.timestamp(),
+                dagster_event=dg.DagsterEvent(
+                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value,
+                    job_name=job.name,
+                ),
+            )
+        )
+        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.SUCCESS
+
+        (done,) = settle_abandoned_retries(instance, ledger, views, LATER)
+        assert done.action is Action.DISPATCH_FAILED
+        after = ledger.get(entry.id)
+        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
+        (failure,) = after.summary["dispatch_failures"]
+        assert failure["run_id"] == refused.run_id
+        assert "succeeded without claiming" in failure["error"]
+        assert settle_abandoned_retries(instance, ledger, views, LATER) == []
+
+
 def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retrying(ledger):
     # Dagster tags a failed run will_retry=true, then rewrites it to false when creating the
     # retry fails -- with no new run event. The sweep must notice, or `retrying` is forever.
@@ -760,6 +861,7 @@ _FAILURE, _CANCELED = dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
         (_FAILURE, None, timedelta(seconds=1), RetryState.PENDING),  # tag not written yet
         (_FAILURE, None, RETRY_LOST_AFTER, RetryState.NOT_RETRIED),
         (_CANCELED, None, timedelta(seconds=1), RetryState.NOT_RETRIED),
+        (dg.DagsterRunStatus.SUCCESS, None, timedelta(seconds=1), RetryState.NOT_RETRIED),
     ],
     ids=[
         "not ended",
@@ -769,6 +871,7 @@ _FAILURE, _CANCELED = dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
         "decision not written yet",
         "never decided: no retry",
         "canceled runs are not retried",
+        "successful runs (a refused retry) are not retried",
     ],
 )
 def test_what_dagster_will_still_do_about_a_retry(status, will_retry, after, expected):
