@@ -5,7 +5,8 @@ Fixtures:
 - ``postgres_url``: a fresh, empty database on it, as a ``postgresql+psycopg2://`` URL.
 - ``sqlite_url``: a ``sqlite:///`` URL to a file in the test's tmp_path (not created).
 - ``ledger_url``: parametrized ``sqlite`` / ``postgres`` (the latter marked ``postgres``).
-- ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared.
+- ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared
+  (``DUELEDGER_SOAK_SEED``, which steers the soak, is kept).
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ _ISOLATED_ENV: dict[str, str] = {}
 _SAVED_ENV: dict[str, str] = {}
 
 
+#: Variables that steer a test, not dueledger: kept through the isolation.
+_TEST_CONTROLS = frozenset({"DUELEDGER_SOAK_SEED"})
+
+
 def _apply_isolated_env() -> None:
-    for key in [k for k in os.environ if k.startswith("DUELEDGER_")]:
+    for key in [k for k in os.environ if k.startswith("DUELEDGER_") and k not in _TEST_CONTROLS]:
         del os.environ[key]
     os.environ.update(_ISOLATED_ENV)
 
