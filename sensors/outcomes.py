@@ -456,8 +456,8 @@ def settle_abandoned_retries(
 
     The run's outcome is then applied as "no retry": a claimed run's entry becomes
     ``failed`` (keeping its error), a retry that died or was refused before claiming makes
-    it ``dispatch_failed`` (the re-dispatch sensor takes a due entry from there). Without
-    this sweep the entry would wait in ``retrying`` forever.
+    it ``dispatch_failed`` (re-dispatched within its slot, like any run that never claimed).
+    Without this sweep the entry would wait in ``retrying`` forever.
 
     A ``retrying`` entry of a task the code location no longer registers ends at once
     (:func:`end_unregistered`): Dagster cannot retry a run whose job is gone ("Could not

@@ -669,6 +669,25 @@ def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_onc
     assert len(ledger.get(done.entry.id).summary["dispatch_failures"]) == 1
 
 
+def _owner_killed_after_claiming(
+    ledger_env: LedgerEnv, instance: dg.DagsterInstance, ctx: Any
+) -> dg.DagsterRun:
+    """The due's run of ``slow_task``, launched by the scheduler; its real worker claims the
+    entry and is killed without a word (the entry stays leased to it)."""
+    run_scheduler_tick(ctx, AT_DUE)
+    (run,) = task_runs(instance, "slow_task")
+    worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
+    try:
+        wait_for(
+            "the worker's claim",
+            lambda: [e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING],
+        )
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    return run
+
+
 def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     ledger_env: LedgerEnv, monkeypatch: pytest.MonkeyPatch
 ):
@@ -678,19 +697,7 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
     overrides = {**RETRIES_ON, **MONITORING_ON}
     with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
-        run_scheduler_tick(ctx, AT_DUE)
-        (run,) = task_runs(instance, "slow_task")
-        worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
-        try:
-            wait_for(
-                "the worker's claim",
-                lambda: [
-                    e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING
-                ],
-            )
-        finally:
-            worker.kill()  # the worker dies without a word
-            worker.wait(timeout=30)
+        run = _owner_killed_after_claiming(ledger_env, instance, ctx)
         # Run monitoring finds the run past its max runtime (1 s) and fails it.
         record = instance.get_run_record_by_id(run.run_id)
         assert record is not None and record.start_time is not None
@@ -728,19 +735,7 @@ def test_a_retry_whose_parent_died_before_claiming_takes_over_from_the_owner_abo
     monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
     overrides = {**RETRIES_ON, **MONITORING_ON}
     with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
-        run_scheduler_tick(ctx, AT_DUE)
-        (run,) = task_runs(instance, "slow_task")
-        worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
-        try:
-            wait_for(
-                "the worker's claim",
-                lambda: [
-                    e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING
-                ],
-            )
-        finally:
-            worker.kill()
-            worker.wait(timeout=30)
+        run = _owner_killed_after_claiming(ledger_env, instance, ctx)
         record = instance.get_run_record_by_id(run.run_id)
         assert record is not None and record.start_time is not None
         over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
