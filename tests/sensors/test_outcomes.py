@@ -671,9 +671,11 @@ def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_onc
 
 def _owner_killed_after_claiming(
     ledger_env: LedgerEnv, instance: dg.DagsterInstance, ctx: Any
-) -> dg.DagsterRun:
+) -> tuple[dg.DagsterRun, datetime]:
     """The due's run of ``slow_task``, launched by the scheduler; its real worker claims the
-    entry and is killed without a word (the entry stays leased to it)."""
+    entry and is killed without a word (the entry stays leased to it), then run monitoring
+    fails the run past its max runtime (at the returned instant) and Dagster announces a
+    retry. The outcome sensor has not seen any of it."""
     run_scheduler_tick(ctx, AT_DUE)
     (run,) = task_runs(instance, "slow_task")
     worker = start_run_worker(instance, run.run_id, env=ledger_env.worker_env())
@@ -685,7 +687,16 @@ def _owner_killed_after_claiming(
     finally:
         worker.kill()
         worker.wait(timeout=30)
-    return run
+    # Run monitoring finds the run past its max runtime (1 s) and fails it.
+    record = instance.get_run_record_by_id(run.run_id)
+    assert record is not None and record.start_time is not None
+    over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
+    run_monitoring_iteration(ctx, over)
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+    assert failed.tags[t.DAGSTER_WILL_RETRY] == "true"
+    assert ledger_env.entries("slow_task")[0].lease_owner == run.run_id  # not seen yet
+    return run, over
 
 
 def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
@@ -697,16 +708,7 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
     monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
     overrides = {**RETRIES_ON, **MONITORING_ON}
     with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
-        run = _owner_killed_after_claiming(ledger_env, instance, ctx)
-        # Run monitoring finds the run past its max runtime (1 s) and fails it.
-        record = instance.get_run_record_by_id(run.run_id)
-        assert record is not None and record.start_time is not None
-        over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
-        run_monitoring_iteration(ctx, over)
-        failed = instance.get_run_by_id(run.run_id)
-        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
-        assert failed.tags[t.DAGSTER_WILL_RETRY] == "true"
-        assert ledger_env.entries("slow_task")[0].lease_owner == run.run_id  # not seen yet
+        run, over = _owner_killed_after_claiming(ledger_env, instance, ctx)
 
         release.touch()  # the next attempt completes at once
         run_retry_iteration(ctx, over + timedelta(seconds=5))
@@ -735,11 +737,7 @@ def test_a_retry_whose_parent_died_before_claiming_takes_over_from_the_owner_abo
     monkeypatch.setenv("LEDGER_DEFS_RELEASE", str(release))
     overrides = {**RETRIES_ON, **MONITORING_ON}
     with _daemon_up_before_the_due(ledger_env.tmp, overrides, "monitor_defs") as (instance, ctx):
-        run = _owner_killed_after_claiming(ledger_env, instance, ctx)
-        record = instance.get_run_record_by_id(run.run_id)
-        assert record is not None and record.start_time is not None
-        over = datetime.fromtimestamp(record.start_time, UTC) + timedelta(seconds=30)
-        run_monitoring_iteration(ctx, over)  # past its max runtime: FAILURE, will retry
+        run, over = _owner_killed_after_claiming(ledger_env, instance, ctx)
         run_retry_iteration(ctx, over + timedelta(seconds=5))
         first_retry = task_runs(instance, "slow_task")[1]
         # The first retry never starts: run monitoring fails it on its start timeout.
