@@ -34,7 +34,7 @@ from orchestration.retry import (
     retry_for_ui_reexecution,
     unrecorded_retry_refusal,
 )
-from orchestration.services.dagster_runs import MAX_RETRY_CHAIN
+from orchestration.services.dagster_runs import failed_ancestor
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from orchestration.task_plugins import task_registry
 from resources.core import tags as t
@@ -352,27 +352,6 @@ def settle_parent_of_automatic_retry(
         ),
         kind=kind,
     )
-
-
-def failed_ancestor(
-    instance: dg.DagsterInstance, tags: Mapping[str, str], run_id: str
-) -> dg.RunRecord | None:
-    """``run_id``'s record when it is an ancestor of the run tagged ``tags`` along Dagster's
-    chain of automatic retries, and every run from it down to the parent ended FAILURE
-    (each was retried); else None. Follows at most MAX_RETRY_CHAIN parents."""
-    ancestor = tags.get(t.DAGSTER_PARENT_RUN_ID)
-    for _ in range(MAX_RETRY_CHAIN):
-        if not ancestor:
-            return None
-        record = instance.get_run_record_by_id(ancestor)
-        if record is None or record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
-            return None
-        if ancestor == run_id:
-            return record
-        if t.DAGSTER_RETRY_NUMBER not in record.dagster_run.tags:
-            return None  # the chain's first run, and not the owner
-        ancestor = record.dagster_run.tags.get(t.DAGSTER_PARENT_RUN_ID)
-    return None
 
 
 def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:

@@ -82,6 +82,27 @@ def automatic_retry_of(instance: dg.DagsterInstance, run: dg.DagsterRun) -> dg.D
     return next((c for c in children if t.DAGSTER_RETRY_NUMBER in c.tags), None)
 
 
+def failed_ancestor(
+    instance: dg.DagsterInstance, tags: Mapping[str, str], run_id: str
+) -> dg.RunRecord | None:
+    """``run_id``'s record when it is an ancestor of the run tagged ``tags`` along Dagster's
+    chain of automatic retries, and every run from it down to the parent ended FAILURE
+    (each was retried); else None. Follows at most MAX_RETRY_CHAIN parents."""
+    ancestor = tags.get(t.DAGSTER_PARENT_RUN_ID)
+    for _ in range(MAX_RETRY_CHAIN):
+        if not ancestor:
+            return None
+        record = instance.get_run_record_by_id(ancestor)
+        if record is None or record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            return None
+        if ancestor == run_id:
+            return record
+        if t.DAGSTER_RETRY_NUMBER not in record.dagster_run.tags:
+            return None  # the chain's first run, and not the owner
+        ancestor = record.dagster_run.tags.get(t.DAGSTER_PARENT_RUN_ID)
+    return None
+
+
 def newest_automatic_retry(instance: dg.DagsterInstance, run_id: str) -> dg.RunRecord | None:
     """The end of ``run_id``'s chain of automatic retries (the run itself when it has none);
     None when a run of the chain is gone or the chain is implausibly long."""

@@ -760,56 +760,6 @@ def test_a_retry_whose_parent_died_before_claiming_takes_over_from_the_owner_abo
     assert entry.summary["late_job_rejections"] == []
 
 
-def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying(ledger):
-    # The safety net for the case above: a chain's last run succeeded without claiming
-    # (refused), so Dagster will never retry it. The entry must not wait in `retrying`
-    # forever: it becomes dispatch_failed, which the re-dispatch sensor takes up.
-    views = build_views(
-        [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
-        15,
-        "UTC",
-    )
-    job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="strict_task_job")
-    with dg.instance_for_test() as instance:
-        run = instance.create_run_for_job(job, tags=TAGS)
-        instance.report_run_failed(run)
-        instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "true"})
-        entry = _claimed(ledger, run.run_id)
-        ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
-        retry_tags = {
-            **TAGS,
-            t.DAGSTER_PARENT_RUN_ID: run.run_id,
-            t.DAGSTER_ROOT_RUN_ID: run.run_id,
-            t.DAGSTER_RETRY_NUMBER: "1",
-        }
-        refused = instance.create_run_for_job(job, tags=retry_tags)
-        instance.add_run_tags(run.run_id, {t.DAGSTER_AUTO_RETRY_RUN_ID: refused.run_id})
-        instance.report_run_failed(refused)  # the statuses below are what counts
-        instance.handle_new_event(
-            dg.EventLogEntry(
-                error_info=None,
-                level="debug",
-                user_message="",
-                run_id=refused.run_id,
-                timestamp=LATER.timestamp(),
-                dagster_event=dg.DagsterEvent(
-                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value,
-                    job_name=job.name,
-                ),
-            )
-        )
-        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.SUCCESS
-
-        (done,) = settle_abandoned_retries(instance, ledger, views, LATER)
-        assert done.action is Action.DISPATCH_FAILED
-        after = ledger.get(entry.id)
-        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
-        (failure,) = after.summary["dispatch_failures"]
-        assert failure["run_id"] == refused.run_id
-        assert "succeeded without claiming" in failure["error"]
-        assert settle_abandoned_retries(instance, ledger, views, LATER) == []
-
-
 def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retrying(ledger):
     # Dagster tags a failed run will_retry=true, then rewrites it to false when creating the
     # retry fails -- with no new run event. The sweep must notice, or `retrying` is forever.
@@ -903,6 +853,41 @@ def _failed_run(instance: dg.DagsterInstance, *, parent: dg.DagsterRun | None = 
     record = instance.get_run_record_by_id(run.run_id)
     assert record is not None and record.end_time is not None
     return run, datetime.fromtimestamp(record.end_time, UTC)
+
+
+def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying(ledger):
+    # The safety net for a retry refused as a duplicate: the chain's last run succeeded
+    # without claiming, so Dagster will never retry it. The entry must not wait in
+    # `retrying` forever: it becomes dispatch_failed, which the re-dispatch sensor takes up.
+    with dg.instance_for_test() as instance:
+        run, _ = _failed_run(instance)
+        entry = _claimed(ledger, run.run_id)
+        ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
+        refused, _ = _failed_run(instance, parent=run)
+        # The retry ran and was refused: it ends SUCCESS (its last status event counts).
+        instance.handle_new_event(
+            dg.EventLogEntry(
+                error_info=None,
+                level="debug",
+                user_message="",
+                run_id=refused.run_id,
+                timestamp=LATER.timestamp(),
+                dagster_event=dg.DagsterEvent(
+                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value,
+                    job_name=_NOOP_JOB.name,
+                ),
+            )
+        )
+        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.SUCCESS
+
+        (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER)
+        assert done.action is Action.DISPATCH_FAILED
+        after = ledger.get(entry.id)
+        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
+        (failure,) = after.summary["dispatch_failures"]
+        assert failure["run_id"] == refused.run_id
+        assert "succeeded without claiming" in failure["error"]
+        assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER) == []
 
 
 def test_a_retry_dagster_announced_and_never_created_fails_the_entry_after_the_grace(ledger):
