@@ -13,8 +13,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from orchestration.task_asset import TaskRun, task_asset
-from resources.core.slots import format_due
+from orchestration.services.runtime import TaskRun
+from orchestration.task_asset import task_asset
+from resources.core.due import format_due
 from resources.source_store import SourceStore
 
 

@@ -20,15 +20,17 @@ import dagster as dg
 
 from assets.domain_config import DomainRules
 from orchestration.factory import DAILY_PARTITIONS
-from orchestration.hooks import (
+from orchestration.services.hooks import (
     BEFORE_RENEWAL_FIRST_NOTICE,
     OUTCOME_TIMEOUT,
     HookRegistry,
     Hooks,
 )
-from orchestration.runtime import fire_task_event
-from orchestration.task_asset import TaskRun, task_asset
-from resources.core.slots import format_due
+from orchestration.services.runtime import TaskRun
+from orchestration.services.task_events import fire_task_event
+from orchestration.task_asset import task_asset
+from resources.core.due import format_due
+from resources.core.instants import iso
 from resources.idempotency import create_domain_schema, read_effects
 from resources.ledger import RunLedger
 from resources.notifier import (
@@ -59,7 +61,7 @@ def _cell(value: Any) -> str | int | float | bool:
     if value is None or (not isinstance(value, str) and pd.isna(value)):
         return ""
     if isinstance(value, pd.Timestamp | datetime | np.datetime64):
-        return pd.Timestamp(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso(pd.Timestamp(value).to_pydatetime())
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.floating):
@@ -96,7 +98,7 @@ FIRST_NOTICE_HOOKS_BUDGET_SECONDS: Final = 120.0
 def _instant(value: Any) -> str:
     import pandas as pd
 
-    return pd.Timestamp(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(pd.Timestamp(value).to_pydatetime())
 
 
 @dataclass

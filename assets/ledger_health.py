@@ -16,8 +16,9 @@ import dagster as dg
 
 from orchestration.catalog import task_views
 from orchestration.services.ledger_checks import LEDGER_HEALTH_TASK
+from orchestration.services.runtime import TaskRun
 from orchestration.services.summary import ledger_summary, summary_metadata
-from orchestration.task_asset import TaskRun, task_asset
+from orchestration.task_asset import task_asset
 from resources.ledger import RunLedger
 
 

@@ -43,10 +43,10 @@ from resources.idempotency import (
 )
 from resources.source_schema import (
     SERVICE_ACTIVE,
-    automation_log,
     chunks,
     customers,
     invoices,
+    log_automation,
     naive_utc,
     naive_utc_series,
     services,
@@ -378,20 +378,16 @@ def _log(
             strict=True,
         )
     ]
-    conn.execute(
-        sa.insert(automation_log),
-        [
-            {
-                "at": at,
-                "task_key": task_key,
-                "entry_key": entry_key,
-                "action": action,
-                "object_type": OBJECT_SERVICE,
-                "object_id": int(service_id),
-                "detail": detail,
-            }
+    log_automation(
+        conn,
+        at=at,
+        task_key=task_key,
+        entry_key=entry_key,
+        action=action,
+        items=(
+            (OBJECT_SERVICE, service_id, detail)
             for service_id, detail in zip(rows["service_id"], details, strict=True)
-        ],
+        ),
     )
 
 

@@ -11,10 +11,16 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from orchestration.hooks import TICK_EVERY_FIVE_MINUTES, TICK_EVERY_MINUTE, TICK_EVERY_SLOT, Hooks
-from orchestration.runtime import fire_task_event
-from orchestration.task_asset import TaskAsset, TaskRun, task_asset
-from resources.core.slots import format_due
+from orchestration.services.hooks import (
+    TICK_EVERY_FIVE_MINUTES,
+    TICK_EVERY_MINUTE,
+    TICK_EVERY_SLOT,
+    Hooks,
+)
+from orchestration.services.runtime import TaskRun
+from orchestration.services.task_events import fire_task_event
+from orchestration.task_asset import TaskAsset, task_asset
+from resources.core.due import format_due
 from resources.ledger import RunLedger
 
 GROUP = "dueledger_hooks"

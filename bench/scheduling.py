@@ -59,11 +59,11 @@ from dagster_internals import (
 )
 from run import Row, write_json
 
-from orchestration import hooks
 from orchestration.factory import build_task_definitions
-from orchestration.hooks import Hooks
-from orchestration.registry import EverySlots, TaskSpec, build_views
+from orchestration.services import hooks
+from orchestration.services.hooks import Hooks
 from resources.core import tags as t
+from resources.core.registry import EverySlots, TaskSpec, build_views
 
 VARIANTS = ("plain", "dueledger")
 SLOT_MINUTES = 15

@@ -10,8 +10,8 @@ import os
 
 import dagster as dg
 
-from orchestration.registry import TaskSpec, TaskView, build_views
-from orchestration.task_plugins import TaskAssetLike, task_registry
+from orchestration.services.task_plugins import TaskAssetLike, task_registry
+from resources.core.registry import TaskSpec, TaskView, build_views
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
@@ -42,7 +42,7 @@ def task_views(settings: Settings | None = None) -> list[TaskView]:
 
 
 def plugin_task_assets(settings: Settings | None = None) -> tuple[TaskAssetLike, ...]:
-    """The task assets of the registered plugin tasks (``orchestration/task_plugins.py``),
+    """The task assets of the registered plugin tasks (``orchestration/services/task_plugins.py``),
     to build against the code location's hooks like the core task assets."""
     return task_registry(settings).plugin_assets
 

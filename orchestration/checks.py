@@ -16,9 +16,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from orchestration.registry import TaskView
 from orchestration.services.accounting import CHECK_NAME, account_latest_due
-from orchestration.services.alerts import utc_now
 from orchestration.services.ledger_checks import (
     CHECK_NO_LOST_RETRIES,
     CHECK_NO_STALE_LEASES,
@@ -27,6 +25,8 @@ from orchestration.services.ledger_checks import (
     evaluate_ledger_check,
     ledger_health_view,
 )
+from resources.core.instants import utc_now
+from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 
 _LEDGER_CHECK_DESCRIPTIONS = {

@@ -14,8 +14,8 @@ from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import build_resources, plugin_task_assets, task_views
 from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.factory import build_task_definitions
-from orchestration.hooks import Hooks
-from orchestration.task_plugins import TaskAssetLike
+from orchestration.services.hooks import Hooks
+from orchestration.services.task_plugins import TaskAssetLike
 from resources.core.settings import load_settings
 from sensors import SENSORS
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.hooks import HookLog, Hooks
-from orchestration.registry import (
+from orchestration.services.hooks import HookLog, Hooks
+from resources.core import tags as t
+from resources.core.registry import (
     DAILY_PARTITIONS_START,
     TaskView,
     decide_tick,
     partition_key_for,
     task_run_tags,
 )
-from resources.core import tags as t
 
 #: The partitions of every task declared with ``partitions="daily"``: UTC days. The
 #: current day exists from its first instant on (end_offset=1), so the schedule's run for

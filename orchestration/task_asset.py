@@ -10,8 +10,8 @@ A task body is a generator of its materialization that gets the run it claimed::
 The factory writes what every task asset shares, once: the asset's name and its Dagster
 concurrency pool are the task key (DESIGN: overlap), the ``ledger`` resource is always
 required, the spec comes from the registered tasks (core and allowed plugin tasks,
-``orchestration.task_plugins.registered_tasks``), and the body runs inside
-``orchestration.runtime.task_run`` -- a refused (late or duplicate) run yields nothing
+``orchestration.services.task_plugins.registered_tasks``), and the body runs inside
+``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run yields nothing
 (``output_required=False``) and logs why. Every other parameter of the body (config,
 resources such as ``source`` or ``rules``) is Dagster's, exactly as on ``@dg.asset``; a
 body may also take ``ledger`` and ``hooks`` (the code location's plugin hooks).
@@ -31,10 +31,10 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.hooks import Hooks
-from orchestration.registry import require_task
-from orchestration.runtime import TaskRun, task_run
-from orchestration.task_plugins import registered_tasks
+from orchestration.services.hooks import Hooks
+from orchestration.services.runtime import TaskRun, task_run
+from orchestration.services.task_plugins import registered_tasks
+from resources.core.registry import require_task
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.

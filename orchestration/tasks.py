@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from orchestration.registry import PARTITIONS_DAILY, Cron, EverySlots, TaskSpec
+from resources.core.registry import PARTITIONS_DAILY, Cron, EverySlots, TaskSpec
 
 TASKS: tuple[TaskSpec, ...] = (
     TaskSpec(

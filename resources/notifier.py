@@ -60,7 +60,7 @@ from resources.idempotency import (
     records,
     settle_effects,
 )
-from resources.source_schema import automation_log, naive_utc
+from resources.source_schema import log_automation, naive_utc
 
 if TYPE_CHECKING:
     # Imported where frames are made: the code location loads without pandas.
@@ -385,25 +385,18 @@ def skip_notifications(
         claimed = claim_effects(conn, candidates, at=at, task_key=task_key, entry_key=entry_key)
         recorded = keys.merge(claimed[["effect_id", *KEY_COLUMNS]], on=list(KEY_COLUMNS))
         if not recorded.empty:
-            conn.execute(
-                sa.insert(automation_log),
-                [
-                    {
-                        "at": naive_utc(at),
-                        "task_key": task_key,
-                        "entry_key": entry_key,
-                        "action": ACTION_SKIPPED,
-                        "object_type": str(object_type),
-                        "object_id": int(object_id),
-                        "detail": str(detail),
-                    }
-                    for object_type, object_id, detail in zip(
-                        recorded["object_type"].tolist(),
-                        recorded["object_id"].tolist(),
-                        recorded["detail"].tolist(),
-                        strict=True,
-                    )
-                ],
+            log_automation(
+                conn,
+                at=at,
+                task_key=task_key,
+                entry_key=entry_key,
+                action=ACTION_SKIPPED,
+                items=zip(
+                    recorded["object_type"].tolist(),
+                    recorded["object_id"].tolist(),
+                    recorded["detail"].tolist(),
+                    strict=True,
+                ),
             )
             settle_effects(conn, succeeded=recorded["effect_id"], at=at)
     return recorded

@@ -146,6 +146,35 @@ automation_log = sa.Table(
     sa.Index("ix_automation_log_object", "object_type", "object_id"),
 )
 
+
+def log_automation(
+    conn: sa.Connection,
+    *,
+    at: datetime,
+    task_key: str,
+    entry_key: str,
+    action: str,
+    items: Iterable[tuple[str, int, str]],
+) -> None:
+    """One ``automation_log`` row per ``(object_type, object_id, detail)`` of ``items``, written
+    on the caller's connection so the rows commit (or roll back) with the change they explain.
+    ``at`` is the run's as-of instant, stored naive UTC like every source time."""
+    rows = [
+        {
+            "at": naive_utc(at),
+            "task_key": task_key,
+            "entry_key": entry_key,
+            "action": action,
+            "object_type": str(object_type),
+            "object_id": int(object_id),
+            "detail": str(detail),
+        }
+        for object_type, object_id, detail in items
+    ]
+    if rows:
+        conn.execute(sa.insert(automation_log), rows)
+
+
 #: The business tables sample data fills (automation_log is history, never regenerated).
 #: Ordered parents first; delete in reverse.
 SOURCE_TABLES: Final = (customers, services, invoices, payments, orders, tickets)

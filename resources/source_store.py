@@ -24,8 +24,8 @@ from pydantic import PrivateAttr
 from resources import idempotency
 from resources.source_schema import (
     SQLITE_BUSY_TIMEOUT_MS,
-    automation_log,
     chunks,
+    log_automation,
     metadata,
     read_frame_from,
     services,
@@ -72,20 +72,13 @@ def update_and_log(
     changed.sort()
     if changed:
         detail_text = json.dumps(dict(detail), sort_keys=True, default=str)
-        conn.execute(
-            sa.insert(automation_log),
-            [
-                {
-                    "at": at,
-                    "task_key": task_key,
-                    "entry_key": entry_key,
-                    "action": action,
-                    "object_type": object_type,
-                    "object_id": object_id,
-                    "detail": detail_text,
-                }
-                for object_id in changed
-            ],
+        log_automation(
+            conn,
+            at=at,
+            task_key=task_key,
+            entry_key=entry_key,
+            action=action,
+            items=((object_type, object_id, detail_text) for object_id in changed),
         )
     return changed
 

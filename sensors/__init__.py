@@ -4,7 +4,7 @@ One module per sensor family; ``SENSORS`` is what the code location registers:
 
 - ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
   it also creates the task pools (pools.py) that hold one run per task;
-- ``<task>_redispatch_sensor`` (outcomes.py): dispatch_failed -> re-dispatch in its slot
+- ``<task>_redispatch_sensor`` (redispatch.py): dispatch_failed -> re-dispatch in its slot
   (one per task: the run key ``<due>#redispatch-<n>`` is unambiguous only per sensor);
   every eighth of a slot, 30 s to 2 minutes;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from orchestration.catalog import task_views
-from orchestration.registry import CATCH_UP, TaskView
-from orchestration.services.alerts import utc_now
+from resources.core.instants import utc_now
+from resources.core.registry import CATCH_UP, TaskView
 from sensors.audit import build_catch_up_sensor
 from sensors.health import build_slot_health_sensor
-from sensors.outcomes import build_outcome_sensor, build_redispatch_sensor
+from sensors.outcomes import build_outcome_sensor
 from sensors.reclaim import build_reclaim_sensor
+from sensors.redispatch import build_redispatch_sensor
 
 if TYPE_CHECKING:
     SENSORS: list[dg.SensorDefinition]
@@ -44,7 +45,8 @@ def build_sensors(
     """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests).
 
     ``redispatch_interval_seconds`` overrides the re-dispatch sensors' interval (default: an
-    eighth of the slot, 30 s to 2 minutes, ``sensors.outcomes.redispatch_interval_seconds``).
+    eighth of the slot, 30 s to 2 minutes,
+    ``resources.core.redispatch.redispatch_interval_seconds``).
     """
     sensors = [
         build_outcome_sensor(views, clock=clock),

@@ -12,27 +12,12 @@ from datetime import datetime
 
 import dagster as dg
 
-from orchestration.registry import CATCH_UP, TaskView, partition_key_for
-from orchestration.services.alerts import Clock
 from orchestration.services.audit import MAX_CATCH_UP_PER_TICK, audit_task
-from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.instants import Clock
+from resources.core.registry import CATCH_UP, TaskView
 from resources.ledger import RunLedger
-
-
-def due_run_request(view: TaskView, due: Due | datetime, run_key: str) -> dg.RunRequest:
-    """A sensor's request for the task's run of ``due``: tagged like the scheduled run
-    (same ledger key ``due:<due>``, same partition) but ``dueledger/trigger=sensor``."""
-    due = Due.coerce(due)
-    tags = {
-        t.TAG_TASK: view.spec.key,
-        t.TAG_TRIGGER: t.TRIGGER_SENSOR,
-        t.TAG_DUE: due.text,
-    }
-    partition_key = partition_key_for(view.spec, due)
-    if partition_key is not None:
-        tags[t.DAGSTER_PARTITION] = partition_key
-    return dg.RunRequest(run_key=run_key, tags=tags, partition_key=partition_key)
+from sensors.support import due_run_request, ledger_sensor
 
 
 def catch_up_run_requests(view: TaskView, missed: Sequence[datetime]) -> list[dg.RunRequest]:
@@ -54,18 +39,17 @@ def build_catch_up_sensor(
         raise ValueError(f"task {spec.key!r} is not a catch_up task; it has no catch-up sensor")
     window = spec.catch_up_window
 
-    @dg.sensor(
-        name=f"{spec.key}_catch_up_sensor",
+    @ledger_sensor(
+        f"{spec.key}_catch_up_sensor",
         job_name=spec.job_name,
+        clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             f"Launches missed dues of {spec.key} within its catch-up window "
             f"({window}), run_key = the due, once each."
         ),
     )
-    def _catch_up(context: dg.SensorEvaluationContext, ledger: RunLedger):
-        now = clock()
+    def _catch_up(context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime):
         audit = audit_task(view, ledger, now, window=window, instance=context.instance)
         requests = catch_up_run_requests(view, audit.missed)
         if not requests:

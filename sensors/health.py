@@ -14,16 +14,18 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.registry import TaskView
 from orchestration.services.accounting import account_latest_due, check_evaluation
-from orchestration.services.alerts import Alerts, Clock, iso, utc_now
+from orchestration.services.alerts import Alerts
 from orchestration.services.audit import TaskAudit, audit_tasks
 from orchestration.services.ledger_checks import ledger_check_evaluations
 from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
-from resources.core.slots import floor_to_slot, format_due
+from resources.core.due import floor_to_slot, format_due
+from resources.core.instants import Clock, iso, utc_now
+from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, RunLedger
+from sensors.support import ledger_sensor
 
 # --- slot health -----------------------------------------------------------------------------
 
@@ -166,26 +168,25 @@ def build_slot_health_sensor(
     """
     slot_minutes = views[0].slot_minutes if views else 15
 
-    @dg.sensor(
-        name="slot_health_sensor",
+    @ledger_sensor(
+        "slot_health_sensor",
+        clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Once per slot: one structured warning listing lease reclaims, dispatch failures, "
             "missed dues and queue backlog since the previous slot; silent when healthy."
         ),
     )
     def slot_health_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger
+        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
     ) -> dg.SensorResult:
-        now = clock()
         slot = floor_to_slot(now, slot_minutes)
         last_slot, last_at = _slot_cursor(context.cursor)
         if last_slot is not None and last_slot >= slot:
             return dg.SensorResult(skip_reason=f"slot {format_due(slot)} already evaluated")
         since = last_at if last_at is not None else now - SUMMARY_WINDOW
         health = slot_health(ledger, views, now, since, instance=context.instance)
-        cursor = json.dumps({"slot": format_due(slot), "at": now.astimezone(UTC).isoformat()})
+        cursor = json.dumps({"slot": format_due(slot), "at": iso(now, micro=True)})
         # Every task asset's latest_due_accounted_for check, as of this slot's start, and
         # the ledger's own checks on ledger_health (bounded queries each).
         checks = [

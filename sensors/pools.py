@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from orchestration.registry import TaskView
+from resources.core.registry import TaskView
 
 #: Slots of a task pool when the instance sets no ``concurrency.pools.default_limit``.
 TASK_POOL_SLOTS = 1

@@ -8,42 +8,45 @@ and every tick, after its own work, retries the alert deliveries that are due
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
 import dagster as dg
 
-from orchestration.services.alerts import Alerts, utc_now
+from orchestration.services.alerts import Alerts
+from orchestration.services.dagster_runs import turn_off_dagster_retries
 from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
 from orchestration.services.stranded import ALERT_KIND as STRANDED_KIND
 from orchestration.services.stranded import sweep_stranded
-from resources.core import tags as t
 from resources.core.alerting import DELIVERY_DELIVERED, entry_subject
+from resources.core.instants import Clock, utc_now
 from resources.ledger import DeliveryRecord, RunLedger
+from sensors.support import ledger_sensor
 
 
 def build_reclaim_sensor(
-    *, clock: Callable[[], datetime] = utc_now, minimum_interval_seconds: int = 30
+    *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
 ) -> dg.SensorDefinition:
     """``lease_reclaim_sensor``: reclaims expired leases; one alert line per reclaim."""
 
-    @dg.sensor(
-        name="lease_reclaim_sensor",
+    @ledger_sensor(
+        "lease_reclaim_sensor",
+        clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Fails running ledger entries whose lease expired (kind lease_reclaimed), and "
             "records launches whose run was never created as dispatch_failed; never "
             "launches a run. One structured alert line per entry."
         ),
     )
-    def lease_reclaim_sensor(context: dg.SensorEvaluationContext, ledger: RunLedger):
-        now = clock()
+    def lease_reclaim_sensor(
+        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
+    ) -> dg.SkipReason:
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         reclaims = reclaim_leases(ledger, now)
         for item in reclaims:
             alerts.emit(ALERT_KIND, entry_subject(item.entry_id), **item.as_json())
-            _stop_dagster_retries(context.instance, item.run_id)
+            # Dagster must not relaunch it if it fails later: a retry would be refused.
+            turn_off_dagster_retries(context.instance, item.run_id, context.log)
         stranded = sweep_stranded(ledger, context.instance, now)
         for swept in stranded:
             alerts.emit(STRANDED_KIND, entry_subject(swept.entry.id), **swept.as_json())
@@ -64,16 +67,3 @@ def delivery_summary(attempts: list[DeliveryRecord]) -> str:
     delivered = sum(1 for a in attempts if a.status == DELIVERY_DELIVERED)
     failed = len(attempts) - delivered
     return f"; alert deliveries: {delivered} delivered, {failed} failed"
-
-
-def _stop_dagster_retries(instance: dg.DagsterInstance, run_id: str | None) -> None:
-    """If the reclaimed run is still alive in Dagster and fails later, Dagster's run retries
-    must not relaunch it: its retry could only be refused by the ledger. Best effort."""
-    if not run_id:
-        return
-    try:
-        run = instance.get_run_by_id(run_id)
-        if run is not None and not run.is_finished:
-            instance.add_run_tags(run_id, {t.DAGSTER_MAX_RETRIES: "0"})
-    except Exception:  # the ledger already holds the truth; this only avoids a no-op run
-        return

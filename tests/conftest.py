@@ -5,6 +5,8 @@ Fixtures:
 - ``postgres_url``: a fresh, empty database on it, as a ``postgresql+psycopg2://`` URL.
 - ``sqlite_url``: a ``sqlite:///`` URL to a file in the test's tmp_path (not created).
 - ``ledger_url``: parametrized ``sqlite`` / ``postgres`` (the latter marked ``postgres``).
+- ``ledger``: a migrated ``RunLedger`` on ``ledger_url`` that checks nothing was deleted;
+  ``sqlite_ledger``; ``ledger_in_environment`` (also named by ``DUELEDGER_DATABASE_URL``).
 - ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared
   (``DUELEDGER_SOAK_SEED``, which steers the soak, is kept).
 """
@@ -19,8 +21,10 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
@@ -34,6 +38,9 @@ if str(TESTS_DIR.parent) not in sys.path:
     sys.path.append(str(TESTS_DIR.parent))
 
 import pg_server as pg  # noqa: E402
+
+from resources.core.settings import ENV_DATABASE_URL  # noqa: E402
+from resources.ledger import RunLedger  # noqa: E402
 
 _ISOLATED_ENV: dict[str, str] = {}
 _SAVED_ENV: dict[str, str] = {}
@@ -130,3 +137,44 @@ def ledger_url(request: pytest.FixtureRequest) -> str:
     """A fresh ledger database URL: SQLite file or PostgreSQL database."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[RunLedger]:
+    """A migrated ledger on ``ledger_url`` (SQLite and PostgreSQL; a module narrows the
+    backends by overriding ``ledger_url``). Afterwards: no statement of the test deleted or
+    dropped anything, whatever the test did (DESIGN rule 6: ledger rows are never deleted)."""
+    resource = RunLedger(database_url=ledger_url)
+    resource.migrate()
+    destructive: list[str] = []
+
+    def watch(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith(("DELETE", "DROP TABLE", "TRUNCATE")):
+            destructive.append(statement)
+
+    # The resource's own engine: the only way to see every statement it sends.
+    engine = resource._get_engine()
+    sa.event.listen(engine, "before_cursor_execute", watch)
+    yield resource
+    sa.event.remove(engine, "before_cursor_execute", watch)
+    resource.dispose()
+    assert destructive == [], "ledger rows are never deleted"
+
+
+@pytest.fixture
+def sqlite_ledger(sqlite_url: str) -> Iterator[RunLedger]:
+    """A migrated SQLite ledger, beside a module's parametrized ``ledger``."""
+    resource = RunLedger(database_url=sqlite_url)
+    resource.migrate()
+    yield resource
+    resource.dispose()
+
+
+@pytest.fixture
+def ledger_in_environment(
+    ledger: RunLedger, ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> RunLedger:
+    """``ledger``, also named by ``DUELEDGER_DATABASE_URL``: the one the code location's own
+    ``RunLedger()`` (its sensors, assets and the CLI) opens."""
+    monkeypatch.setenv(ENV_DATABASE_URL, ledger_url)
+    return ledger

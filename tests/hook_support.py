@@ -2,7 +2,7 @@
 listeners a test swaps, and task assets built against the environment's hooks.
 
 Runtime code takes a ``Hooks`` object from where its process starts; these helpers are the
-test side of that (they used to live in ``orchestration/hooks.py``).
+test side of that (they used to live in ``orchestration/services/hooks.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from orchestration.hooks import (
+from orchestration.services.hooks import (
     ENV_HOOKS_FILE,
     HookContext,
     HookRegistry,

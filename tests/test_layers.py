@@ -1,8 +1,7 @@
 """The layers of docs/architecture.md, read from the code's own imports (no import is run).
 
-1. core (``resources/core``, and the task specs ``orchestration/registry.py``,
-   ``orchestration/tasks.py``, ``orchestration/operators.py``): Dagster-free, imports only
-   the core;
+1. core (``resources/core``, and the task declarations ``orchestration/tasks.py``):
+   Dagster-free, imports only the core;
 2. stores and resources (``resources/``): import only the core and each other;
 3. services (``orchestration/services``): ledger operations the CLI, sensors and assets share;
 4. shells: assets, sensors, the Dagster wiring in ``orchestration/``, and the CLI.
@@ -10,8 +9,10 @@
 Rules: ``resources/`` imports nothing from ``orchestration/``, ``sensors/`` or ``assets/``;
 ``assets/`` and ``sensors/`` never import each other; ``orchestration/`` (its
 ``definitions.py`` aside) imports nothing from ``assets/`` or ``sensors/``; services import no
-shell of ``orchestration/`` (the CLI, ``definitions.py``); no import cycle; a project import
-inside a function has a comment saying why.
+shell of ``orchestration/`` (the CLI, ``definitions.py``); no import cycle, counting a cycle
+through a package ``__init__`` (``from P import x`` depends on P's ``__init__``); a project
+import inside a function has a comment saying why; ``orchestration/`` holds only the shells at
+its top level; no runtime module is over 550 lines.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Import:
     in_function: bool
     type_checking: bool
     commented: bool
+    #: ``from P import x`` with P a package: the statement runs P's ``__init__`` (which must
+    #: have got far enough to hand ``x`` over), so it depends on that ``__init__``.
+    through_init: bool = False
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -52,6 +56,10 @@ def _modules(root: Path) -> dict[str, Path]:
                 continue  # Alembic loads these by path; they are not imported
             found[module_name(root, path)] = path
     return found
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return name in modules and modules[name].name == "__init__.py"
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -94,13 +102,18 @@ def _visit(
                 names = [alias.name for alias in child.names]
             elif child.module and child.level == 0:
                 names = [f"{child.module}.{alias.name}" for alias in child.names]
+            commented = _commented(lines, child.lineno)
             for name in names:
                 target = _resolve(name, modules) if name.split(".")[0] in PACKAGES else None
                 if target is not None and target != source:
-                    commented = _commented(lines, child.lineno)
                     yield Import(
                         source, target, child.lineno, in_function, type_checking, commented
                     )
+            package = child.module if isinstance(child, ast.ImportFrom) else None
+            if package and child.level == 0 and package != source and _is_package(package, modules):
+                yield Import(
+                    source, package, child.lineno, in_function, type_checking, commented, True
+                )
         elif isinstance(child, ast.If) and _is_type_checking(child.test):
             yield from _visit(child, source, lines, modules, in_function, True)
         else:
@@ -189,18 +202,45 @@ def cycles(found: list[Import]) -> list[list[str]]:
 
 
 def _package_parents(found: list[Import]) -> list[Import]:
-    """Drop edges into a module's own parent package: Python runs a package's
-    ``__init__`` before its submodules, which is no dependency of the submodule's."""
-    return [imp for imp in found if not _under(imp.source, imp.target)]
+    """Drop edges into a module's own parent package that only name a submodule
+    (``from P.sub import x``): Python runs P's ``__init__`` before any submodule, which is no
+    dependency of the submodule's. An import *from the package itself* (``from P import
+    sub``) is kept: it needs P's ``__init__`` to have run far enough, so a P whose
+    ``__init__`` imports the importer is a cycle through the package ``__init__``."""
+    return [imp for imp in found if imp.through_init or not _under(imp.source, imp.target)]
 
 
-#: Layer 1: Dagster-free, importing only each other.
-CORE: tuple[str, ...] = (
-    "resources.core",
-    "orchestration.registry",
-    "orchestration.tasks",
-    "orchestration.operators",
+#: Layer 1: Dagster-free, importing only each other (the task declarations included).
+CORE: tuple[str, ...] = ("resources.core", "orchestration.tasks")
+
+#: What ``orchestration/`` holds at its top level: the shells (Dagster wiring, the CLI, the
+#: plugin API), the task declarations, and the services' own folder.
+ORCHESTRATION_TOP_LEVEL: frozenset[str] = frozenset(
+    {
+        "__init__.py",
+        "catalog.py",
+        "checks.py",
+        "cli",
+        "definitions.py",
+        "factory.py",
+        "plugins.py",
+        "services",
+        "task_asset.py",
+        "tasks.py",
+    }
 )
+
+#: No runtime module grows past this many lines (split it along what it decides).
+MAX_MODULE_LINES = 550
+
+
+def long_modules(root: Path) -> list[str]:
+    """Runtime modules over MAX_MODULE_LINES lines."""
+    return [
+        f"{module} has {count} lines (at most {MAX_MODULE_LINES})"
+        for module, path in _modules(root).items()
+        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
 
 
 def _in_core(module: str) -> bool:
@@ -270,6 +310,17 @@ def test_imports_inside_functions_say_why(project_imports: list[Import]) -> None
     assert uncommented_local_imports(project_imports) == []
 
 
+def test_no_module_is_over_the_line_limit() -> None:
+    assert long_modules(ROOT) == []
+
+
+def test_orchestration_top_level_holds_only_the_shells() -> None:
+    found = {p.name for p in (ROOT / "orchestration").iterdir() if p.name != "__pycache__"}
+    assert found - ORCHESTRATION_TOP_LEVEL == set(), (
+        "a service goes under orchestration/services/, a pure decision under resources/core/"
+    )
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for relative, text in files.items():
         path = root / relative
@@ -312,3 +363,25 @@ def test_the_checks_catch_an_upward_import_a_cycle_and_a_silent_local_import(
     assert uncommented_local_imports(found) == [
         "orchestration.runner:2 imports orchestration.cli inside a function without a comment"
     ]
+
+
+def test_the_checks_catch_a_cycle_through_a_package_init_and_a_long_module(
+    tmp_path: Path,
+) -> None:
+    # The shape of a cycle the ledger package once had: its __init__ re-exports the resource,
+    # and the resource took a sibling module from the package itself.
+    _write(
+        tmp_path,
+        {
+            "resources/__init__.py": "",
+            "resources/ledger/__init__.py": "from resources.ledger.resource import Ledger\n",
+            "resources/ledger/resource.py": "from resources.ledger import migrate\nLedger = 1\n",
+            "resources/ledger/migrate.py": "",
+            "resources/ledger/model.py": "from resources.ledger.migrate import x\n",
+            "assets/__init__.py": "",
+            "assets/big.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+        },
+    )
+    found = _package_parents(list(imports_of(tmp_path)))
+    assert cycles(found) == [["resources.ledger", "resources.ledger.resource"]]
+    assert long_modules(tmp_path) == [f"assets.big has {MAX_MODULE_LINES + 1} lines (at most 550)"]

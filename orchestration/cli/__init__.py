@@ -14,7 +14,6 @@ from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group, summary_cmd
 from orchestration.cli.support import (
-    Refused,
     dagster_instance,
     handle_errors,
     json_option,
@@ -25,7 +24,7 @@ from orchestration.cli.support import (
     table,
     today_utc,
 )
-from resources.core.errors import InvalidInput
+from resources.core.errors import InvalidInput, Refused
 from resources.core.settings import load_settings, mask_url
 
 
@@ -59,7 +58,7 @@ def tasks_cmd(as_json: bool) -> None:
 
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.catalog import task_views
-    from orchestration.task_plugins import task_registry
+    from orchestration.services.task_plugins import task_registry
 
     settings = load_settings()
     # Load errors are printed below; their log lines would only repeat them on stderr.
@@ -117,10 +116,10 @@ def launch_cmd(
     """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import acting_operator, load_operators, require_role
-    from orchestration.hooks import Hooks
-    from orchestration.manual import launch_manual
-    from orchestration.operators import ROLE_RETRIER
-    from orchestration.task_plugins import task_registry
+    from orchestration.services.hooks import Hooks
+    from orchestration.services.manual import launch_manual
+    from orchestration.services.task_plugins import task_registry
+    from resources.core.operators import ROLE_RETRIER
 
     settings = local_settings()
     registry = task_registry(settings)

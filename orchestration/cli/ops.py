@@ -28,6 +28,7 @@ from orchestration.cli.support import (
 )
 from resources.core.alerting import DELIVERY_DELIVERED
 from resources.core.errors import InvalidInput
+from resources.core.instants import iso
 
 if TYPE_CHECKING:
     from resources.ledger import DeliveryRecord
@@ -66,7 +67,7 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
         print_json(
             {
                 "dry_run": dry_run,
-                "now": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "now": iso(now),
                 "count": len(reclaims),
                 "reclaims": [r.as_json() for r in reclaims],
                 "stranded": [s.as_json() for s in stranded],

@@ -3,7 +3,7 @@
 Inputs are validated before anything is read (exit 2 naming the valid values); the role
 check comes next (exit 3, audited); then the ledger. Every command takes ``--json``.
 Viewer commands take an optional ``--operator`` (default: your login name), checked
-against ``DUELEDGER_OPERATORS`` like the others (see orchestration/operators.py).
+against ``DUELEDGER_OPERATORS`` like the others (see resources/core/operators.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from orchestration.cli.support import (
     print_json,
     table,
 )
-from orchestration.operators import (
+from resources.core import tags as t
+from resources.core.checks import check_reason
+from resources.core.errors import InvalidInput
+from resources.core.operators import (
     ROLE_ADMIN,
     ROLE_VIEWER,
     Decision,
@@ -36,9 +39,6 @@ from orchestration.operators import (
     check_operator_name,
     operators_from_env,
 )
-from resources.core import tags as t
-from resources.core.checks import check_reason
-from resources.core.errors import InvalidInput
 from resources.core.settings import ENV_IDENTITY, load_settings
 from resources.ledger import DEFAULT_LIST_LIMIT, Entry, RunLedger
 
@@ -189,7 +189,7 @@ def acting_operator(
         return caller
     named = _operator(given)
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import audit_operator_refusal
+    from orchestration.services.retry import audit_operator_refusal
 
     admin = operators.check(caller, ROLE_ADMIN)
     if not admin.passed:
@@ -244,7 +244,7 @@ def require_role(
 ) -> None:
     """Refuse (exit 3, audited) unless ``operator`` holds ``role``."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import audit_operator_refusal
+    from orchestration.services.retry import audit_operator_refusal
 
     decision = operators.check(operator, role)
     if not decision.passed:
@@ -468,9 +468,10 @@ def retry_cmd(
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION, retry_entry
     from orchestration.services.launch import DagsterCliLauncher
-    from orchestration.task_plugins import task_registry
+    from orchestration.services.retry import retry_entry
+    from orchestration.services.task_plugins import task_registry
+    from resources.core.retry_rules import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION
 
     entry_no = parse_entry_id(entry_id)
     _operator(operator)  # a malformed name is exit 2 before anything is read

@@ -17,11 +17,11 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView
 from orchestration.services.audit import expected_dues
 from orchestration.services.summary import first_line
 from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot
+from resources.core.registry import TaskView
 from resources.ledger import Entry, RunLedger
 
 CHECK_NAME: Final = "latest_due_accounted_for"

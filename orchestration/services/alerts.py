@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from resources.alert_channels import AlertChannel, AlertMessage, ChannelError, build_channels
@@ -41,6 +41,7 @@ from resources.core.alerting import (
     load_alert_settings,
     retry_delay,
 )
+from resources.core.instants import iso, utc_now
 from resources.ledger import DeliveryRecord, RunLedger
 
 ALERT_LOGGER: Final = logging.getLogger("dueledger.alerts")
@@ -50,20 +51,6 @@ DELIVERY_LOGGER: Final = logging.getLogger("dueledger.alert_delivery")
 DELIVER_BUDGET: Final = timedelta(seconds=10)
 #: Older due deliveries one ``deliver(retry=True)`` looks at.
 RETRY_BATCH: Final = 20
-
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    """The production clock of every sensor (tests inject Dagster's frozen clock)."""
-    return datetime.now(UTC)
-
-
-def iso(instant: datetime | None) -> str | None:
-    """ISO-8601 UTC with ``Z`` (seconds precision), the alerts' time format."""
-    if instant is None:
-        return None
-    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def alert_line(kind: str, **fields: Any) -> str:

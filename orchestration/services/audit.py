@@ -24,9 +24,10 @@ from typing import Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView, decide_tick
 from resources.core import tags as t
-from resources.core.slots import cron_fire_times, floor_to_slot, format_due, parse_due
+from resources.core.due import floor_to_slot, format_due, parse_due
+from resources.core.registry import TaskView, decide_tick
+from resources.core.slots import cron_fire_times
 from resources.ledger import RunLedger
 
 DEFAULT_AUDIT_WINDOW: Final = timedelta(hours=24)

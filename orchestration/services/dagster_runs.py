@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView, task_keys_of_run
 from resources.core import tags as t
+from resources.core.entries import SUMMARY_DISPATCH_FAILURES
+from resources.core.entry import Entry
+from resources.core.registry import TaskView, task_keys_of_run
 
 #: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A
 #: failed run tagged ``dagster/will_retry=true`` that still has no retry this long after it
@@ -115,3 +117,45 @@ def newest_automatic_retry(instance: dg.DagsterInstance, run_id: str) -> dg.RunR
             return record
         record = instance.get_run_record_by_id(child.run_id)
     return None
+
+
+def run_timed_out(record: dg.RunRecord | None, message: str) -> bool:
+    """Run monitoring ended the run for exceeding ``dagster/max_runtime``."""
+    if "maximum runtime" in message.lower():
+        return True
+    if record is None or record.start_time is None or record.end_time is None:
+        return False
+    limit = record.dagster_run.tags.get(t.DAGSTER_MAX_RUNTIME)
+    try:
+        return limit is not None and record.end_time - record.start_time >= float(limit)
+    except ValueError:
+        return False
+
+
+def turn_off_dagster_retries(
+    instance: dg.DagsterInstance, run_id: str | None, log: Any | None = None
+) -> None:
+    """The ledger has settled this run's entry (or taken it from the run): a Dagster retry of
+    the run could only be refused by the ledger, so ask Dagster for none. Dagster reads
+    ``dagster/max_retries`` when a failure decides ``dagster/will_retry``; a run that has
+    already ended is left alone. Best effort: the ledger refuses such a retry anyway."""
+    if not run_id:
+        return
+    try:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and not run.is_finished:
+            instance.add_run_tags(run_id, {t.DAGSTER_MAX_RETRIES: "0"})
+    except Exception as exc:
+        if log is not None:
+            log.warning(f"could not turn off Dagster retries of run {run_id}: {exc}")
+
+
+def last_dispatch_failure_canceled(instance: dg.DagsterInstance, entry: Entry) -> bool:
+    """Was the run of the entry's newest dispatch failure canceled (by an operator)? Such an
+    entry is not re-dispatched: someone stopped it on purpose."""
+    items = entry.summary.get(SUMMARY_DISPATCH_FAILURES, [])
+    run_id = items[-1].get("run_id") if items and isinstance(items[-1], Mapping) else None
+    if not run_id:
+        return False
+    run = instance.get_run_by_id(str(run_id))
+    return run is not None and run.status == dg.DagsterRunStatus.CANCELED

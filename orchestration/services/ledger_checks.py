@@ -29,9 +29,6 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView
-from orchestration.runtime import entry_request_from_tags
-from orchestration.services.alerts import iso
 from orchestration.services.dagster_runs import (
     RetryState,
     attributed_tags,
@@ -40,7 +37,10 @@ from orchestration.services.dagster_runs import (
 )
 from orchestration.services.summary import SUMMARY_WINDOW
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
+from resources.core.instants import iso
+from resources.core.registry import TaskView
+from resources.core.requests import entry_request_from_tags
 from resources.ledger import SUMMARY_REJECTIONS, Entry, RunLedger, format_duration
 
 #: The task whose asset carries the ledger checks (assets/ledger_health.py).

@@ -21,10 +21,10 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView
 from orchestration.services.audit import expected_dues
 from resources.core import tags as t
-from resources.core.slots import floor_to_slot, format_due, parse_due
+from resources.core.due import floor_to_slot, format_due, parse_due
+from resources.core.registry import TaskView
 
 SCHEDULER_DAEMON: Final = "SCHEDULER"
 DEFAULT_MAX_AGE: Final = timedelta(seconds=180)

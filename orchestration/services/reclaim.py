@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orchestration.services.alerts import iso
 from resources.core.alerting import KIND_LEASE_RECLAIMED
-from resources.core.slots import format_due
+from resources.core.due import format_due
+from resources.core.instants import iso
 from resources.ledger import Entry, RunLedger, format_duration
 
 ALERT_KIND = KIND_LEASE_RECLAIMED

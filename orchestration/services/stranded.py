@@ -19,11 +19,11 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.services.alerts import iso
 from orchestration.services.launch import manual_run_id
 from resources.core import tags as t
 from resources.core.alerting import KIND_LAUNCH_STRANDED
 from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
+from resources.core.instants import iso
 from resources.ledger import Entry, RunLedger
 
 #: How long an entry may wait for its run to be created: well past the launch timeout
@@ -59,7 +59,7 @@ def _redo(entry: Entry) -> str:
             f'--reason "..."` re-dispatches it'
         )
     if entry.parent_id is not None:
-        # The retry's own request, repeated, re-dispatches this child (orchestration/retry.py).
+        # The retry's own request, repeated, re-dispatches this child (services/retry.py).
         return (
             f'`dueledger runs retry {entry.parent_id} --operator <you> --reason "..."` '
             f"re-dispatches it"

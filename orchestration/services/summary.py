@@ -14,11 +14,11 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.registry import TaskView
-from orchestration.services.alerts import iso
 from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
+from resources.core.instants import iso
+from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
 
 SUMMARY_WINDOW: Final = DEFAULT_AUDIT_WINDOW

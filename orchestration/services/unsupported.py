@@ -1,8 +1,8 @@
 """Ending the ledger entry of a run whose task is not registered (``unsupported_task``).
 
-One rule, two callers: the claim wrapper (``orchestration/runtime.py``), when a run that did
-start carries a ``dueledger/task`` the code location does not declare, and the outcome sensor
-(``sensors/outcomes.py``), when Dagster ended a run of such a task before it could start --
+One rule, two callers: the claim wrapper (``orchestration/services/runtime.py``), when a run
+that did start carries a ``dueledger/task`` the code location does not declare, and the outcome
+sensor (``sensors/outcomes.py``), when Dagster ended a run of such a task before it could start --
 a queued run whose job left the code location with its plugin -- or an entry waits in
 ``retrying`` for a retry that can no longer run. Either way the entry ends ``failed`` with
 kind ``unsupported_task``, whatever attempts it had left, with one alert; never retried.
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from orchestration.registry import TaskSpec
 from orchestration.services.alerts import deliver_alert
 from resources.core import tags as t
 from resources.core.alerting import entry_subject
 from resources.core.due import Due
+from resources.core.registry import TaskSpec
 from resources.ledger import Entry, RunLedger
 
 #: Lease an unsupported entry is held with between its claim and its failure (an instant).

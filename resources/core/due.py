@@ -16,20 +16,14 @@ from datetime import UTC, datetime
 from typing import Final
 
 from resources.core.checks import require_aware
+from resources.core.instants import ISO_SECONDS, as_utc, iso
 
 #: The text form of a due: run key, ``dueledger/due`` tag and the body of a ``due:`` key.
-DUE_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
+DUE_FORMAT: Final = ISO_SECONDS
 #: The ledger origin (and dedup-key prefix) of scheduled and sensor runs.
 ORIGIN_DUE: Final = "due"
 _KEY_PREFIX: Final = f"{ORIGIN_DUE}:"
 _REDISPATCH: Final = "#redispatch-"
-
-
-def as_utc(instant: datetime) -> datetime:
-    """Return the same instant in UTC; naive datetimes are taken to be UTC already."""
-    if instant.tzinfo is None:
-        return instant.replace(tzinfo=UTC)
-    return instant.astimezone(UTC)
 
 
 def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
@@ -45,7 +39,7 @@ def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
 
 def format_due(instant: datetime) -> str:
     """Any instant in the due's text form (also used for "now", slot starts and log lines)."""
-    return as_utc(instant).strftime(DUE_FORMAT)
+    return iso(instant)
 
 
 def parse_due(text: str) -> datetime:

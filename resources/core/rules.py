@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
 from resources.core import tags
 from resources.core.entries import CLAIMABLE_STATUSES, DISPATCHABLE_STATUSES
 from resources.core.fence import Fence
+from resources.core.instants import iso
 
 #: From-statuses of each operation: the WHERE clause of its compare-and-set.
 CLAIM_FROM: Final = CLAIMABLE_STATUSES
@@ -80,13 +81,6 @@ def _refused(reason: str) -> Decision:
     return Decision(refusal=reason)
 
 
-def stamp(instant: datetime | None) -> str | None:
-    """ISO-8601 UTC with a trailing Z, microsecond precision (the ledger's message times)."""
-    if instant is None:
-        return None
-    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def format_duration(delta: timedelta) -> str:
     """A short human duration such as ``2h 05m 13s`` (negative values read as ``0s``)."""
     total = max(0, int(delta.total_seconds()))
@@ -109,7 +103,7 @@ def who(entry: EntryState) -> str:
 def state_words(entry: EntryState) -> str:
     """The entry's state in words, for rejection reasons."""
     if entry.status == tags.STATUS_RUNNING:
-        until = stamp(entry.lease_expires_at)
+        until = iso(entry.lease_expires_at, micro=True)
         return f"running under run {entry.lease_owner} (lease until {until})"
     if entry.status == tags.STATUS_FAILED and entry.failure_kind:
         return f"failed ({entry.failure_kind})"
@@ -279,11 +273,11 @@ def reclaim(entry: EntryState, *, now: datetime) -> Decision:
     expired_at = entry.lease_expires_at
     if entry.status not in RECLAIM_FROM or expired_at is None or not expired_at < now:
         return _refused(f"{who(entry)} is {state_words(entry)}: no expired lease to reclaim")
-    heartbeat_at = stamp(entry.heartbeat_at) or "never"
+    heartbeat_at = iso(entry.heartbeat_at, micro=True) or "never"
     message = (
-        f"lease of run {entry.lease_owner} expired at {stamp(expired_at)}, "
+        f"lease of run {entry.lease_owner} expired at {iso(expired_at, micro=True)}, "
         f"{format_duration(now - expired_at)} overdue (last heartbeat {heartbeat_at}); "
-        f"reclaimed at {stamp(now)}. Not re-run automatically: the run may have had "
+        f"reclaimed at {iso(now, micro=True)}. Not re-run automatically: the run may have had "
         f"side effects. Check run {entry.lease_owner} in Dagster; to run it again "
         f"use `dueledger runs retry {entry.id} --acknowledge-side-effects`"
     )

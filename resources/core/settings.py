@@ -24,7 +24,7 @@ ENV_OPERATORS = "DUELEDGER_OPERATORS"
 #: The caller's identity when a service runs dueledger on someone's behalf (else: OS login).
 ENV_IDENTITY = "DUELEDGER_IDENTITY"
 #: Which plugin tasks the code location registers: task keys or plugin names, comma-separated
-#: (orchestration/task_plugins.py; docs/plugins.md "Plugin tasks").
+#: (orchestration/services/task_plugins.py; docs/plugins.md "Plugin tasks").
 ENV_PLUGIN_TASKS = "DUELEDGER_PLUGIN_TASKS"
 
 DEFAULT_SLOT_MINUTES = 15

@@ -14,25 +14,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-# The due's conversions live in due.py; they are re-exported for the slot arithmetic's callers.
-from resources.core.due import DUE_FORMAT, as_utc, floor_to_slot, format_due, parse_due
-
-__all__ = [
-    "DUE_FORMAT",
-    "Cadence",
-    "as_utc",
-    "cadence_label",
-    "cron_cadence",
-    "cron_effective_cadence",
-    "cron_fire_times",
-    "first_fire_in_slot",
-    "floor_to_slot",
-    "format_due",
-    "is_valid_cron",
-    "parse_due",
-    "slot_aligned_cron",
-    "slot_index",
-]
+from resources.core.due import floor_to_slot
+from resources.core.instants import as_utc
 
 
 def slot_index(due: datetime, slot_minutes: int) -> int:

@@ -28,6 +28,7 @@ Times: the API takes and returns timezone-aware UTC datetimes; the database stor
 timezone-naive in UTC. Every operation takes ``now=`` so tests and callers inject the clock.
 """
 
+from resources.core.due import ORIGIN_DUE
 from resources.core.entries import (
     CLAIMABLE_STATUSES,
     DEFAULT_LIST_LIMIT,
@@ -39,7 +40,6 @@ from resources.core.entries import (
     MAX_LATE_JOB_REJECTIONS,
     MAX_RUN_ID_CHARS,
     ORIGIN_BACKFILL,
-    ORIGIN_DUE,
     ORIGIN_MANUAL,
     ORIGIN_RETRY,
     ORIGINS,
@@ -54,13 +54,13 @@ from resources.core.entries import (
     dedup_key_for_retry,
     origin_of,
 )
+from resources.core.entry import Entry
 from resources.core.rules import format_duration
+from resources.core.settings import mask_url
 from resources.ledger.deliveries import DeliveryRecord
-from resources.ledger.engine import mask_url
 from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
     ClaimResult,
-    Entry,
     LedgerConfigError,
     LedgerError,
     UnknownEntryError,

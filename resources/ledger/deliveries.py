@@ -30,7 +30,8 @@ from resources.core.alerting import (
     DELIVERY_PENDING,
     MAX_SUBJECT_CHARS,
 )
-from resources.ledger.model import check_id, from_db, iso, to_db, truncate_error
+from resources.core.instants import iso
+from resources.ledger.model import check_id, from_db, to_db, truncate_error
 from resources.ledger.schema import alert_deliveries
 from resources.ledger.store import LedgerStore
 
@@ -72,11 +73,11 @@ class DeliveryRecord:
             "attempts": self.attempts,
             "gave_up": self.gave_up,
             "last_error": self.last_error,
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-            "last_attempt_at": iso(self.last_attempt_at),
-            "next_attempt_at": iso(self.next_attempt_at),
-            "delivered_at": iso(self.delivered_at),
+            "created_at": iso(self.created_at, micro=True),
+            "updated_at": iso(self.updated_at, micro=True),
+            "last_attempt_at": iso(self.last_attempt_at, micro=True),
+            "next_attempt_at": iso(self.next_attempt_at, micro=True),
+            "delivered_at": iso(self.delivered_at, micro=True),
             "payload": self.payload,
         }
 

@@ -23,7 +23,8 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from resources.ledger.engine import TX_OPTION, Runtime, mask_url
+from resources.core.settings import mask_url
+from resources.ledger.engine import TX_OPTION, Runtime
 from resources.ledger.model import LedgerError
 from resources.ledger.schema import VERSION_TABLE
 

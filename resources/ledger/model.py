@@ -9,26 +9,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from resources.core import tags
 from resources.core.checks import require_aware, require_text
-from resources.core.due import format_due
 from resources.core.entries import (
     MAX_ERROR_CHARS,
     MAX_RUN_ID_CHARS,
-    SUMMARY_DISPATCH_FAILURES,
-    SUMMARY_KEYS,
 )
+from resources.core.entry import Entry, with_summary_lists
 from resources.core.errors import InvalidInput
 from resources.core.fence import Fence
-
-# The wording of refusals lives with the rules that refuse (pure, in the core).
-from resources.core.rules import stamp as iso
+from resources.core.instants import iso
 
 
 class LedgerError(RuntimeError):
@@ -90,108 +84,11 @@ def from_db(dt: datetime | None) -> datetime | None:
     return None if dt is None else datetime.combine(dt, dt.time(), UTC)
 
 
-def with_summary_lists(raw: object) -> dict[str, Any]:
-    """A summary dict that always carries the three contract lists."""
-    data: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
-    for key in SUMMARY_KEYS:
-        if not isinstance(data.get(key), list):
-            data[key] = []
-    return data
-
-
 def appended(summary: Mapping[str, Any], key: str, item: Any, keep: int) -> dict[str, Any]:
     """Copy of ``summary`` with ``item`` appended to list ``key``, keeping the newest ``keep``."""
     new = with_summary_lists(summary)
     new[key] = [*new[key], item][-keep:]
     return new
-
-
-# --- value objects ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One ledger entry as stored (times timezone-aware UTC)."""
-
-    id: int
-    task_key: str
-    trigger: str
-    origin: str
-    dedup_key: str
-    due: datetime | None
-    status: str
-    attempt: int
-    max_attempts: int
-    parent_id: int | None
-    run_ids: tuple[str, ...]
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    heartbeat_at: datetime | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    updated_at: datetime
-    operator: str | None
-    reason: str | None
-    failure_kind: str | None
-    error: str | None
-    summary: dict[str, Any] = field(hash=False)
-    manual_retry_at: datetime | None
-    manual_retry_by: str | None
-    #: Incremented by every successful claim: the fencing token of the current claim.
-    claim_generation: int = 0
-
-    @property
-    def label(self) -> str:
-        """``task@due`` for scheduled entries, ``task[dedup_key]`` otherwise (for messages)."""
-        if self.due is not None:
-            return f"{self.task_key}@{format_due(self.due)}"
-        return f"{self.task_key}[{self.dedup_key}]"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in tags.TERMINAL_STATUSES
-
-    @property
-    def dispatch_failure_run_ids(self) -> frozenset[str]:
-        """The runs recorded in ``summary.dispatch_failures``: they ended before claiming."""
-        return frozenset(
-            str(item["run_id"])
-            for item in self.summary.get(SUMMARY_DISPATCH_FAILURES, [])
-            if isinstance(item, Mapping) and item.get("run_id")
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The contract's JSON shape of an entry (DESIGN.md), plus a few extra fields."""
-        summary = with_summary_lists(self.summary)
-        return {
-            "id": self.id,
-            "task_key": self.task_key,
-            "trigger": self.trigger,
-            "dedup_key": self.dedup_key,
-            "due": format_due(self.due) if self.due is not None else None,
-            "status": self.status,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "parent_id": self.parent_id,
-            "run_ids": list(self.run_ids),
-            "lease_expires_at": iso(self.lease_expires_at),
-            "failure_kind": self.failure_kind,
-            "error": self.error,
-            "operator": self.operator,
-            "reason": self.reason,
-            "manual_retry_by": self.manual_retry_by,
-            "manual_retry_at": iso(self.manual_retry_at),
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-            "summary": json.loads(json.dumps(summary)),
-            "origin": self.origin,
-            "lease_owner": self.lease_owner,
-            "heartbeat_at": iso(self.heartbeat_at),
-            "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
-            "claim_generation": self.claim_generation,
-        }
 
 
 #: Entry's fields in order, each read from the column of the same name, and how each kind
@@ -282,7 +179,7 @@ MAX_ENTRY_ID = 2**63 - 1
 
 
 def encode_cursor(entry: Entry) -> str:
-    raw = f"{iso(entry.created_at)}|{entry.id}".encode()
+    raw = f"{iso(entry.created_at, micro=True)}|{entry.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

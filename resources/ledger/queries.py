@@ -15,15 +15,15 @@ from sqlalchemy.engine import Connection
 
 from resources.core import tags
 from resources.core.entries import DEFAULT_LIST_LIMIT, origin_of
+from resources.core.entry import Entry
+from resources.core.instants import iso
 from resources.ledger.model import (
-    Entry,
     UnknownEntryError,
     check_id,
     decode_cursor,
     encode_cursor,
     entry_from_row,
     from_db,
-    iso,
     to_db,
 )
 from resources.ledger.schema import audit, entries
@@ -132,7 +132,7 @@ class LedgerQueries(LedgerStore):
         return [
             {
                 "id": int(r["id"]),
-                "at": iso(from_db(r["at"])),
+                "at": iso(from_db(r["at"]), micro=True),
                 "operator": r["operator"],
                 "action": r["action"],
                 "entry_id": r["entry_id"],

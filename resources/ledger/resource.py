@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from resources.ledger import migrate as migrations
+import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.queries import LedgerQueries
 from resources.ledger.transitions import LedgerTransitions

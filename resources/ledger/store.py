@@ -19,20 +19,14 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Connection, Engine
 
+import resources.ledger.migrate as migrations
 from resources.core.checks import require_aware
 from resources.core.entries import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS
+from resources.core.entry import Entry
+from resources.core.instants import iso
 from resources.core.settings import ENV_DATABASE_URL, load_settings
-from resources.ledger import migrate as migrations
 from resources.ledger.engine import Mode, Runtime, build_runtime, current_pid
-from resources.ledger.model import (
-    Entry,
-    UnknownEntryError,
-    appended,
-    check_id,
-    entry_from_row,
-    iso,
-    to_db,
-)
+from resources.ledger.model import UnknownEntryError, appended, check_id, entry_from_row, to_db
 from resources.ledger.schema import entries
 from resources.ledger.statements import statements_for
 
@@ -159,7 +153,7 @@ class LedgerStore(dg.ConfigurableResource):
         """Append a rejection to the (locked) entry's summary; state columns stay as they are."""
         item = {
             "run_id": run_id,
-            "at": iso(at),
+            "at": iso(at, micro=True),
             "status": entry.status,
             "action": action,
             "reason": reason,

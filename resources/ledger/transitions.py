@@ -22,32 +22,30 @@ from sqlalchemy.engine import Connection
 
 from resources.core import rules, tags
 from resources.core.checks import require_text
-from resources.core.due import Due, format_due
+from resources.core.due import ORIGIN_DUE, Due, format_due
 from resources.core.entries import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_DISPATCH_FAILURES,
     MAX_HOOK_RESULTS,
-    ORIGIN_DUE,
     RUN_FAILURE_KINDS,
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_HOOKS,
     origin_of,
 )
+from resources.core.entry import Entry, with_summary_lists
 from resources.core.fence import Fence
+from resources.core.instants import iso
 from resources.core.rules import claim_refusal, who
 from resources.ledger.model import (
     ClaimResult,
-    Entry,
     appended,
     check_id,
     check_run_id,
     check_ttl,
     db_values,
     entry_from_row,
-    iso,
     to_db,
     truncate_error,
-    with_summary_lists,
 )
 from resources.ledger.schema import audit, entries
 from resources.ledger.statements import statements_for
@@ -330,7 +328,7 @@ class LedgerTransitions(LedgerStore):
             decision = rules.dispatch_failure(entry, error=text, now=at)
             if not decision.allowed:
                 return entry
-            item = {"at": iso(at), "error": text, "run_id": run_id}
+            item = {"at": iso(at, micro=True), "error": text, "run_id": run_id}
             summary = appended(
                 entry.summary, SUMMARY_DISPATCH_FAILURES, item, MAX_DISPATCH_FAILURES
             )
@@ -512,9 +510,9 @@ class LedgerTransitions(LedgerStore):
     ) -> Entry | None:
         """Dagster ended ``run_id`` and will not retry it: its entry becomes ``failed``.
 
-        Used by the outcome reconciler (sensors/outcomes.py); the rule, decided under the row
-        lock, is ``rules.settle_unretried``. Anything it refuses is left untouched and None is
-        returned. Returns the entry after the change.
+        Used by the outcome reconciler (orchestration/services/outcomes.py); the rule, decided
+        under the row lock, is ``rules.settle_unretried``. Anything it refuses is left untouched and
+        None is returned. Returns the entry after the change.
         """
         check_run_id(run_id)
         if kind not in RUN_FAILURE_KINDS:

@@ -18,7 +18,6 @@ from assets import domain_assets
 from assets.billing import (
     RULE_OVERDUE,
     RULE_RENEWAL,
-    ReminderPolicy,
     expand_channels,
     overdue_reminders_due,
     overdue_stages,
@@ -27,8 +26,9 @@ from assets.billing import (
     renewal_stages,
 )
 from assets.domain_config import DomainRules
+from assets.policies import ReminderPolicy
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, OutboxNotifier, dispatch_notifications

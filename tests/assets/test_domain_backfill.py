@@ -20,8 +20,8 @@ from hook_support import build
 from assets import domain_assets
 from assets.domain_config import DomainRules
 from orchestration.definitions import defs
-from orchestration.registry import Cron, TaskSpec, TaskSpecError, partition_key_for, validate_spec
 from resources.core import tags as t
+from resources.core.registry import Cron, TaskSpec, TaskSpecError, partition_key_for, validate_spec
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore, create_schema

@@ -27,8 +27,8 @@ from assets.log_archive import (
 )
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.core.fence import FenceLost
-from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_schema import automation_log

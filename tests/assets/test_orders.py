@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -19,8 +17,7 @@ from assets.orders import (
     select_orders_to_cancel,
 )
 from resources.core.fence import FenceLost
-from resources.source_schema import automation_log, customers, orders, read_frame_from
-from resources.source_store import create_schema, make_engine
+from resources.source_schema import automation_log, orders, read_frame_from
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 DAY_OLD = AS_OF - timedelta(hours=24)
@@ -126,29 +123,6 @@ def test_a_frame_without_created_at_is_rejected_with_the_missing_column_named():
 
 
 # --- write-back ---------------------------------------------------------------------------
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
-    """A source store with one customer, on SQLite and on PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'source.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    engine = make_engine(url)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.insert(customers),
-            {"id": 1, "name": "Ada", "email": "ada@example.test", "phone": "+1", "channels": ""},
-        )
-    yield engine
-    engine.dispose()
 
 
 def insert_orders(engine: sa.Engine, *rows: tuple[int, str, datetime]) -> None:

@@ -19,7 +19,7 @@ from assets.reconcile import (
     reconcile_balances,
 )
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
 from resources.ledger import RunLedger
 from resources.source_schema import read_frame_from
 from resources.source_store import SourceStore, create_schema

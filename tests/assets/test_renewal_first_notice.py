@@ -29,9 +29,9 @@ from assets.billing import (
     renewal_notices,
 )
 from assets.domain_config import DomainRules
-from orchestration import hooks
+from orchestration.services import hooks
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
 from resources.ledger import RunLedger
 from resources.notifier import ACTION_SKIPPED, OutboxNotifier
 from resources.source_store import SourceStore, create_schema

@@ -15,10 +15,11 @@ from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
-from assets.renewals import AutoRenewPolicy, apply_auto_renew, plan_auto_renew
+from assets.policies import AutoRenewPolicy
+from assets.renewals import apply_auto_renew, plan_auto_renew
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.core.fence import FenceLost
-from resources.core.slots import format_due
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine

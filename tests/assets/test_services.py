@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -20,8 +18,7 @@ from assets.services import (
     plan_lifecycle,
 )
 from resources.core.fence import FenceLost
-from resources.source_schema import automation_log, customers, read_frame_from, services
-from resources.source_store import create_schema, make_engine
+from resources.source_schema import automation_log, read_frame_from, services
 
 AS_OF = datetime(2026, 3, 1, 12, 0)
 SECOND = timedelta(seconds=1)
@@ -159,29 +156,6 @@ def test_a_frame_without_suspended_at_is_rejected_with_the_missing_column_named(
 
 
 # --- write-back -----------------------------------------------------------------------------
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
-    """A source store with one customer, on SQLite and on PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'source.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    engine = make_engine(url)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.insert(customers),
-            {"id": 1, "name": "Ada", "email": "ada@example.test", "phone": "+1", "channels": ""},
-        )
-    yield engine
-    engine.dispose()
 
 
 def insert_services(engine: sa.Engine, *rows: tuple[int, str, datetime, datetime | None]) -> None:

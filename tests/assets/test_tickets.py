@@ -14,10 +14,11 @@ from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
-from assets.tickets import TicketAutoClosePolicy, close_tickets, select_tickets_to_close
+from assets.policies import TicketAutoClosePolicy
+from assets.tickets import close_tickets, select_tickets_to_close
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.core.fence import FenceLost
-from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 

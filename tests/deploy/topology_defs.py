@@ -14,7 +14,7 @@ import dagster as dg
 from assets.automation import TASK_ASSETS
 from orchestration.catalog import build_resources, task_views
 from orchestration.factory import build_task_definitions
-from orchestration.hooks import Hooks
+from orchestration.services.hooks import Hooks
 from sensors import build_sensors
 
 TASKS = ("order_cleanup", "service_lifecycle_maintenance")

@@ -11,7 +11,7 @@ import dagster as dg
 from assets.automation import order_cleanup
 from orchestration.catalog import build_resources, task_views
 from orchestration.factory import build_task_definitions
-from orchestration.hooks import Hooks
+from orchestration.services.hooks import Hooks
 
 TASK = "order_cleanup"
 SCHEDULE = "order_cleanup_schedule"

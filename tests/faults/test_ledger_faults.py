@@ -9,7 +9,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,17 +22,16 @@ from resources.ledger import Entry, LedgerError, RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.postgres
 
+
+@pytest.fixture
+def ledger_url(postgres_url: str) -> str:
+    """This module's faults are PostgreSQL's: its ledger is PostgreSQL only."""
+    return postgres_url
+
+
 ROOT = Path(__file__).resolve().parents[2]
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 TTL = timedelta(seconds=60)
-
-
-@pytest.fixture
-def ledger(postgres_url: str) -> Iterator[RunLedger]:
-    led = RunLedger(database_url=postgres_url)
-    led.migrate()
-    yield led
-    led.dispose()
 
 
 def _entry(ledger: RunLedger) -> Entry:
@@ -185,6 +183,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_worker_killed_at_each_ledger_step_loses_no_due_and_never_runs_it_twice(
     ledger: RunLedger, postgres_url: str, tmp_path: Path, step: str
 ) -> None:
+
     effects = tmp_path / "effects.txt"
     effects.touch()
     killed = subprocess.run(

@@ -9,7 +9,6 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -17,8 +16,8 @@ import pytest
 from alert_sinks import FakeChannel, SmtpSink, WebhookSink, free_port, start
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.hooks import Hooks
 from orchestration.services.alerts import Alerts
+from orchestration.services.hooks import Hooks
 from resources.alert_channels import EmailChannel, WebhookChannel
 from resources.core import tags as t
 from resources.core.alerting import (
@@ -35,14 +34,6 @@ from resources.ledger import DeliveryRecord, RunLedger
 
 NOW = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 FIELDS = {"task": "order_cleanup", "entry_id": 42, "run_id": "run-1"}
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    ledger = RunLedger(database_url=ledger_url)
-    ledger.migrate()
-    yield ledger
-    ledger.dispose()
 
 
 def alerts(ledger: RunLedger, *channels, at: datetime = NOW, **kw) -> Alerts:

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from orchestration.cli import main
-from orchestration.hooks import Hooks
-from orchestration.manual import launch_manual
+from orchestration.services.hooks import Hooks
 from orchestration.services.launch import manual_run_id
+from orchestration.services.manual import launch_manual
 from orchestration.tasks import TASKS
 from resources.core.errors import Refused
 from resources.core.settings import mask_url

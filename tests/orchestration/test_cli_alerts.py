@@ -17,9 +17,19 @@ from click.testing import CliRunner
 from orchestration.cli import main
 from resources.core import alerting as a
 from resources.core import tags as t
-from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger, dedup_key_for_due
 from resources.ledger.schema import alert_deliveries
+
+
+@pytest.fixture
+def ledger_url(sqlite_url: str) -> str:
+    """This module's ledger is SQLite only."""
+    return sqlite_url
+
+
+# The code location's own RunLedger() (sensors, CLI) reads DUELEDGER_DATABASE_URL.
+pytestmark = pytest.mark.usefixtures("ledger_in_environment")
+
 
 BAD_URL = "hooks.example.org/T0/secret-token"
 
@@ -27,16 +37,6 @@ BAD_URL = "hooks.example.org/T0/secret-token"
 def invoke(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(main, list(args))
     return result.exit_code, result.stdout, result.stderr
-
-
-@pytest.fixture
-def ledger(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunLedger]:
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    monkeypatch.setenv(ENV_DATABASE_URL, url)
-    resource = RunLedger(database_url=url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from assets import automation, domain_assets
 from assets.domain_config import DomainRules
 from orchestration.cli import main
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.core.settings import ENV_SOURCE_URL, mask_url
-from resources.core.slots import format_due
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_schema import SOURCE_TABLES, customers, orders, sample_data_generated

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 from hook_support import registry_of
 
-from orchestration import hooks
 from orchestration.cli import main
+from orchestration.services import hooks
 from resources.core import tags as t
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "example_plugin"

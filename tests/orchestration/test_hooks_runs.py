@@ -18,16 +18,23 @@ import pytest
 from hook_support import SwappableHooks
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration import hooks
 from orchestration.catalog import task_views
 from orchestration.factory import build_task_definitions
-from orchestration.manual import launch_manual
-from orchestration.registry import EverySlots, TaskSpec
-from orchestration.runtime import task_run
+from orchestration.services import hooks
+from orchestration.services.manual import launch_manual
+from orchestration.services.runtime import task_run
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.errors import Refused
+from resources.core.registry import EverySlots, TaskSpec
 from resources.ledger import RunLedger
+
+
+@pytest.fixture
+def ledger_url(sqlite_url: str) -> str:
+    """This module's ledger is SQLite only."""
+    return sqlite_url
+
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 DUE_KEY = "2026-11-30T22:45:00Z"
@@ -77,13 +84,6 @@ def install():
     HOOKS.reset()
     yield HOOKS.install
     HOOKS.reset()
-
-
-@pytest.fixture
-def ledger(tmp_path) -> RunLedger:
-    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.migrate()
-    return ledger
 
 
 @pytest.fixture

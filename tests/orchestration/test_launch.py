@@ -19,9 +19,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration.hooks import Hooks
-from orchestration.manual import launch_manual
 from orchestration.services import launch
+from orchestration.services.hooks import Hooks
 from orchestration.services.launch import (
     LAUNCH_TIMEOUT_SECONDS,
     STDIN_DRIVER,
@@ -33,6 +32,7 @@ from orchestration.services.launch import (
     run_id_from_reexecution,
     submit_run,
 )
+from orchestration.services.manual import launch_manual
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.checks import MAX_REASON_CHARS

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.operators import (
+from resources.core.operators import (
     ROLE_ADMIN,
     ROLE_RETRIER,
     ROLE_VIEWER,

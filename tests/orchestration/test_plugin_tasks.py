@@ -28,12 +28,16 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from orchestration import hooks
 from orchestration.catalog import task_views
 from orchestration.cli import main
-from orchestration.registry import TaskSpecError, task_run_tags, validate_spec
-from orchestration.runtime import EntryRequest
-from orchestration.task_plugins import (
+from orchestration.services import hooks
+from orchestration.services.outcomes import (
+    alert_of,
+    end_unregistered,
+    reconcile_events,
+    settle_abandoned_retries,
+)
+from orchestration.services.task_plugins import (
     ENTRY_POINT_GROUP,
     LOCATION_RESOURCE_KEYS,
     TaskRegistry,
@@ -41,16 +45,18 @@ from orchestration.task_plugins import (
 )
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.outcomes import Action, Reconciled
+from resources.core.registry import TaskSpecError, task_run_tags, validate_spec
+from resources.core.requests import EntryRequest
 from resources.core.settings import ENV_PLUGIN_TASKS
 from resources.ledger import RunLedger, dedup_key_for_request
-from sensors.outcomes import (
-    Action,
-    Reconciled,
-    alert_of,
-    end_unregistered,
-    reconcile_events,
-    settle_abandoned_retries,
-)
+
+
+@pytest.fixture
+def ledger_url(sqlite_url: str) -> str:
+    """This module's ledger is SQLite only."""
+    return sqlite_url
+
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 ROOT = TESTS_DIR.parent
@@ -264,14 +270,6 @@ def test_launching_a_plugin_task_that_is_not_allowed_is_refused_naming_the_plugi
 
 
 # --- entries of a task whose plugin is gone (outcome sensor) -----------------------------------
-
-
-@pytest.fixture
-def ledger(sqlite_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=sqlite_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def unsupported_alerts(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from orchestration.registry import (
+from resources.core.registry import (
     CATCH_UP,
     Cron,
     EverySlots,

@@ -22,9 +22,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration.operators import Operators, load_operators, parse_operators
-from orchestration.registry import EverySlots, TaskSpec
-from orchestration.retry import (
+from orchestration.services.launch import LaunchFailed, retry_run_id
+from orchestration.services.retry import RetryResult, record_retry, retry_entry
+from resources.core import tags as t
+from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import Operators, load_operators, parse_operators
+from resources.core.registry import EverySlots, TaskSpec
+from resources.core.retry_rules import (
     CHECK_ACKNOWLEDGED,
     CHECK_MANUAL_TRIGGER,
     CHECK_NOT_RETRIED,
@@ -34,13 +38,7 @@ from orchestration.retry import (
     CHECK_STATUS,
     LAUNCH_NEW_RUN,
     LAUNCH_REEXECUTION,
-    RetryResult,
-    record_retry,
-    retry_entry,
 )
-from orchestration.services.launch import LaunchFailed, retry_run_id
-from resources.core import tags as t
-from resources.core.errors import InvalidInput, Refused
 from resources.core.settings import PROJECT_ROOT
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_request
 
@@ -69,14 +67,6 @@ LOCAL = load_operators(None)
 TEAM = parse_operators(
     '[operators]\nalice = ["admin"]\nbob = ["retrier"]\ncarol = ["viewer"]\n', "team.toml"
 )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 # --- parents in every state, through the public API only ------------------------------------

@@ -16,7 +16,7 @@ from hook_support import build
 
 from assets import automation
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.source_store import SourceStore, create_schema, make_engine
 

@@ -5,15 +5,13 @@ from itertools import pairwise
 
 import pytest
 
-from orchestration.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
+from resources.core.due import floor_to_slot, format_due, parse_due
+from resources.core.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
 from resources.core.slots import (
     cron_cadence,
     cron_effective_cadence,
     cron_fire_times,
     first_fire_in_slot,
-    floor_to_slot,
-    format_due,
-    parse_due,
     slot_aligned_cron,
 )
 
@@ -84,7 +82,7 @@ def test_a_cron_firing_mid_slot_keys_on_the_slot_start():
     ],
 )
 def test_effective_cadence_follows_from_rule_and_slot(name, rule, slot, tz, declared, effective):
-    from orchestration.registry import _cadences
+    from resources.core.registry import _cadences
 
     got_declared, got_effective = _cadences(rule, slot, tz)
     assert (got_declared.minutes, got_effective.minutes) == (declared, effective)
@@ -104,7 +102,8 @@ def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> 
 
     from croniter import croniter
 
-    from resources.core.slots import _SAMPLE_FIRES, _SAMPLE_SPAN, _SAMPLE_START, as_utc
+    from resources.core.instants import as_utc
+    from resources.core.slots import _SAMPLE_FIRES, _SAMPLE_SPAN, _SAMPLE_START
 
     itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(tz)))
     fires = []

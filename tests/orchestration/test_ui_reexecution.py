@@ -21,8 +21,16 @@ from dagster_graphql.cli import execute_query
 from dagster_internals import CodeTarget, daemon_instance, daemon_workspace
 from fixtures.retry_defs import EFFECTS_ENV, FAIL_ENV, LOCATION, SPECS
 
-from orchestration.operators import UI_OPERATOR, load_operators
-from orchestration.retry import (
+from orchestration.services.launch import (
+    REEXECUTE_MUTATION,
+    reexecution_variables,
+    run_id_from_reexecution,
+)
+from orchestration.services.retry import retry_entry
+from resources.core import tags as t
+from resources.core.due import parse_due
+from resources.core.operators import UI_OPERATOR, load_operators
+from resources.core.retry_rules import (
     ACTION_MANUAL_RETRY,
     ACTION_RETRY_RUN,
     ACTION_UI_REEXECUTION,
@@ -31,16 +39,8 @@ from orchestration.retry import (
     CHECK_RECORDED,
     CHECK_ROLE_RETRIER,
     CHECK_STATUS,
-    retry_entry,
 )
-from orchestration.services.launch import (
-    REEXECUTE_MUTATION,
-    reexecution_variables,
-    run_id_from_reexecution,
-)
-from resources.core import tags as t
 from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
-from resources.core.slots import parse_due
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_retry
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "retry_defs.py"

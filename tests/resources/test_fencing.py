@@ -41,14 +41,6 @@ effects_log = sa.Table(
 )
 
 
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
-
-
 @pytest.fixture(params=["same_database", "other_database"])
 def source(
     request: pytest.FixtureRequest, ledger: RunLedger, tmp_path: Path

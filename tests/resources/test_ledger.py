@@ -7,7 +7,7 @@ must look like afterwards and whether the call reported success. Times are injec
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +23,7 @@ from alembic.script import ScriptDirectory
 from contract import ENTRY_KEYS
 
 from resources.core import tags
-from resources.core.slots import format_due
+from resources.core.due import format_due
 from resources.ledger import (
     MAX_ERROR_CHARS,
     MIGRATIONS_DIR,
@@ -52,25 +52,6 @@ NEXT_DAY = DUE + timedelta(days=1)
 TASK = "order_cleanup"
 OWNER = "run-a"
 OTHER = "run-b"
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    """A migrated ledger. Afterwards: no statement of the test deleted or dropped anything."""
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    destructive: list[str] = []
-
-    def watch(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith(("DELETE", "DROP TABLE", "TRUNCATE")):
-            destructive.append(statement)
-
-    engine = resource._get_engine()
-    sa.event.listen(engine, "before_cursor_execute", watch)
-    yield resource
-    sa.event.remove(engine, "before_cursor_execute", watch)
-    resource.dispose()
-    assert destructive == [], "ledger rows are never deleted"
 
 
 def new_entry(ledger: RunLedger, *, max_attempts: int = 3, due: datetime = DUE) -> Entry:

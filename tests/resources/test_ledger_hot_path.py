@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -32,14 +31,6 @@ OWNER = "run-a"
 OTHER = "run-b"
 #: The per-call parameters the transitions pass (transitions.py); nothing else may remain.
 CALL_PARAMS = {"b_id", "b_run_id", "b_now", "b_expires", "b_kind", "b_error"}
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def _entry(ledger: RunLedger, due: datetime = DUE, max_attempts: int = 3) -> Entry:

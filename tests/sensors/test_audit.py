@@ -18,11 +18,11 @@ import pytest
 from dagster_internals import daemon_instance, daemon_workspace, run_scheduler_tick, run_sensor_tick
 from sensor_support import fixture_module, target, task_runs
 
-from orchestration.registry import Cron, EverySlots, NthSlotOfDay, TaskSpec, build_views
 from orchestration.services.audit import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
-from resources.core.slots import format_due
+from resources.core.due import format_due
+from resources.core.registry import Cron, EverySlots, NthSlotOfDay, TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.daemon

@@ -5,11 +5,9 @@ it through the real sensor daemon path, visible as the asset's latest check eval
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-import pytest
 from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, fixture_module, target, utc_now
 
@@ -22,14 +20,6 @@ SLOT = timedelta(minutes=15)
 NOW = datetime(2026, 11, 30, 23, 5, tzinfo=UTC)  # the latest finished slot's due: 22:45
 LATEST = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 TTL = timedelta(minutes=5)
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def strict_view():

@@ -39,8 +39,8 @@ from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now
 
 from orchestration.cli import main
 from resources.core import tags as t
+from resources.core.due import floor_to_slot
 from resources.core.settings import ENV_DATABASE_URL
-from resources.core.slots import floor_to_slot
 from resources.idempotency import create_domain_schema, notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
 from resources.source_schema import customers, orders

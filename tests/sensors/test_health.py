@@ -34,14 +34,6 @@ def views():
     return module.views_of(module.STRICT, module.CATCH_UP_TASK)
 
 
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
-
-
 def _due_entry(ledger: RunLedger, due: datetime, *, task: str = "strict_task", attempts: int = 3):
     return ledger.ensure_entry(
         task_key=task,

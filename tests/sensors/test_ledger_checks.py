@@ -17,16 +17,16 @@ from dagster_graphql.cli import execute_query
 from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, fixture_module, target, utc_now
 
-from orchestration.hooks import HookRegistry, Hooks
-from orchestration.registry import EverySlots, TaskSpec, build_views
-from orchestration.runtime import task_run
 from orchestration.services import ledger_checks as lc
+from orchestration.services.dagster_runs import RETRY_LOST_AFTER
+from orchestration.services.hooks import HookRegistry, Hooks
+from orchestration.services.outcomes import reconcile_events, settle_abandoned_retries
 from orchestration.services.reclaim import reclaim_leases
+from orchestration.services.runtime import task_run
 from resources.core import tags as t
-from resources.core.due import floor_to_slot
-from resources.core.slots import format_due
+from resources.core.due import floor_to_slot, format_due
+from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
-from sensors.outcomes import RETRY_LOST_AFTER, reconcile_events, settle_abandoned_retries
 
 SLOT = timedelta(minutes=15)
 TTL = timedelta(minutes=5)
@@ -97,22 +97,6 @@ def ended(instance: dg.DagsterInstance, run: dg.DagsterRun) -> datetime:
     updated = record.update_timestamp
     updated = updated.replace(tzinfo=UTC) if updated.tzinfo is None else updated.astimezone(UTC)
     return max(end, updated)
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
-
-
-@pytest.fixture
-def sqlite_ledger(sqlite_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=sqlite_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from sensor_support import fixture_module, target, utc_now
 
 from orchestration.cli import main
 from orchestration.services.liveness import SCHEDULER_DAEMON, check_liveness
-from resources.core.slots import floor_to_slot
+from resources.core.due import floor_to_slot
 
 pytestmark = pytest.mark.daemon
 

@@ -32,26 +32,24 @@ from dagster_internals import (
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
 from orchestration.catalog import task_views
-from orchestration.registry import EverySlots, TaskSpec, build_views
-from orchestration.runtime import is_retry_of_a_dispatch_failure
-from orchestration.services.alerts import utc_now
-from resources.core import tags as t
-from resources.ledger import RunLedger
-from sensors import build_sensors
-from sensors.outcomes import (
-    RETRY_LOST_AFTER,
-    Action,
-    RetryState,
-    RunOutcome,
-    dagster_retry_state,
-    decide,
-    plan_redispatch,
+from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
+from orchestration.services.outcomes import (
     reconcile_events,
     reconcile_run,
-    redispatch_interval_seconds,
-    redispatch_run_key,
     settle_abandoned_retries,
 )
+from resources.core import tags as t
+from resources.core.instants import utc_now
+from resources.core.outcomes import Action, RunOutcome, decide
+from resources.core.redispatch import (
+    plan_redispatch,
+    redispatch_interval_seconds,
+    redispatch_run_key,
+)
+from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.requests import is_retry_of_a_dispatch_failure
+from resources.ledger import RunLedger
+from sensors import build_sensors
 
 pytestmark = pytest.mark.daemon
 
@@ -607,14 +605,6 @@ TAGS = {
     t.TAG_DUE: "2026-11-30T22:45:00Z",
 }
 LATER = DUE + timedelta(minutes=3)
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def test_a_dead_owner_that_dagster_retries_leaves_the_entry_retrying_with_its_error(ledger):

@@ -33,7 +33,7 @@ from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now
 from orchestration.cli import main
 from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
 from resources.core import tags as t
-from resources.core.slots import floor_to_slot
+from resources.core.due import floor_to_slot
 from resources.ledger import RunLedger, dedup_key_for_due
 
 TTL = timedelta(seconds=2)  # sleepy_task's lease (tests/fixtures/ledger_defs.py)

@@ -27,24 +27,18 @@ from dagster_internals import (
 )
 from sensor_support import fixture_module, target, utc_now
 
+from orchestration.services.dagster_runs import RETRY_LOST_AFTER
 from resources.core import alerting as a
 from resources.core import tags as t
-from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger, dedup_key_for_due
 from sensors.health import build_slot_health_sensor
-from sensors.outcomes import RETRY_LOST_AFTER, build_outcome_sensor
+from sensors.outcomes import build_outcome_sensor
+
+# The code location's own RunLedger() (sensors, CLI) reads DUELEDGER_DATABASE_URL.
+pytestmark = pytest.mark.usefixtures("ledger_in_environment")
+
 
 SENSOR_INTERVAL = timedelta(seconds=31)  # past the reclaim sensor's 30 s
-
-
-@pytest.fixture
-def ledger(ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunLedger]:
-    """The ledger the code location's ``RunLedger()`` uses (``DUELEDGER_DATABASE_URL``)."""
-    monkeypatch.setenv(ENV_DATABASE_URL, ledger_url)
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 @pytest.fixture
@@ -79,6 +73,7 @@ def _expired_lease(ledger: RunLedger, now: datetime):
 def test_a_reclaim_alert_survives_both_channels_down_and_is_delivered_once_when_they_are_up(
     ledger: RunLedger, webhook: WebhookSink, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
+
     smtp_port = free_port()  # nothing listens there until the SMTP server comes up
     configure_email(monkeypatch, smtp_port)
     # Only the reclaim's own alert: the slot-health report of the same tick would list it too.

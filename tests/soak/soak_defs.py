@@ -1,11 +1,11 @@
 """Code location of the bounded soak (tests/soak/test_soak.py): 12 tasks on a 1-minute slot.
 
 Everything but the task bodies is production code: TaskSpecs through
-``orchestration.registry.build_views``, jobs and schedules from
+``resources.core.registry.build_views``, jobs and schedules from
 ``orchestration.factory.build_task_definitions``, every ledger-keeping sensor from
-``sensors.build_sensors`` (wall clock), the claim wrapper ``orchestration.runtime.task_run``
-and the exactly-once notification path ``resources.notifier.dispatch_notifications``.
-
+``sensors.build_sensors`` (wall clock), the claim wrapper
+``orchestration.services.runtime.task_run`` and the exactly-once notification path
+``resources.notifier.dispatch_notifications``.
 Each claimed run sends ``MESSAGES`` notifications for its due, one at a time with a short
 pause (so a worker killed at a random moment dies before, during or after its side
 effects), each on two channels:
@@ -33,9 +33,9 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestration.factory import build_task_definitions
-from orchestration.hooks import Hooks
-from orchestration.registry import EverySlots, TaskSpec, build_views
-from orchestration.runtime import task_run
+from orchestration.services.hooks import Hooks
+from orchestration.services.runtime import task_run
+from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.core.settings import ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, dispatch_notifications

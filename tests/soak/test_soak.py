@@ -55,6 +55,7 @@ from soak_defs import (
     soak_workers,
 )
 
+from orchestration.services.dagster_runs import RetryState, dagster_retry_state
 from orchestration.services.reclaim import ALERT_KIND
 from orchestration.services.summary import all_entries
 from resources.core import tags as t
@@ -62,7 +63,6 @@ from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.idempotency import notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
 from resources.source_store import create_schema, make_engine
-from sensors.outcomes import RetryState, dagster_retry_state
 
 pytestmark = [
     pytest.mark.postgres,

@@ -2,8 +2,8 @@
 
 Three parts:
 
-- **Pure checks** (`evaluate_retry`): which rules a retry request passes. Every check is
-  evaluated (not only up to the first failure) so the audit record shows them all.
+- **Pure checks** (`resources/core/retry_rules.py`): which rules a retry request passes,
+  every one evaluated so the audit record shows them all.
 - **One transaction** (`record_retry`): lock the parent row, re-decide the checks, and
   either write the refusal to the audit, or stamp the parent (``manual_retry_at/by``),
   create the child entry (trigger ``manual_retry``, dedup key ``retry:<parent>``) and write
@@ -20,8 +20,8 @@ Three parts:
   tags set by hand (see docs/operators.md for exactly what differs). Both go through the
   shared launch path, ``orchestration/services/launch.py``.
 
-A re-execution started from the Dagster UI goes through ``record_retry`` too, at claim time
-(``orchestration/runtime.py``), as operator ``dagster-ui``.
+A re-execution started from the Dagster UI goes through ``record_retry`` too, at claim time,
+as operator ``dagster-ui`` (``orchestration/services/reexecution.py``).
 """
 
 from __future__ import annotations
@@ -30,159 +30,34 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
 
 import dagster as dg
 
-from orchestration.operators import (
-    ROLE_ADMIN,
-    ROLE_RETRIER,
-    UI_OPERATOR,
-    Decision,
-    Operators,
-    OperatorsFileError,
-    operators_from_env,
-)
-from orchestration.registry import TaskSpec, find_task, task_run_tags
 from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import (
+    Decision,
+    Operators,
+)
+from resources.core.registry import TaskSpec, find_task, task_run_tags
+from resources.core.retry_rules import (
+    ACTION_MANUAL_RETRY,
+    ACTION_RETRY_LAUNCH,
+    ACTION_RETRY_REDISPATCH,
+    CHECK_CHILD_REDISPATCHABLE,
+    CHECK_NOT_RETRIED,
+    LAUNCH_NEW_RUN,
+    LAUNCH_REEXECUTION,
+    RETRYABLE_STATUSES,
+    checks_json,
+    evaluate_child_redispatch,
+    evaluate_retry,
+    first_failure,
+    refusal_message,
+)
 from resources.ledger import Entry, RunLedger, dedup_key_for_retry
-
-ACTION_MANUAL_RETRY: Final = "manual_retry"
-ACTION_UI_REEXECUTION: Final = "ui_reexecution"
-ACTION_RETRY_LAUNCH: Final = "manual_retry_launch"
-ACTION_RETRY_RUN: Final = "manual_retry_run"
-ACTION_RETRY_REDISPATCH: Final = "manual_retry_redispatch"
-
-#: Statuses a manual retry may start from. ``dispatch_failed`` only with acknowledgement.
-RETRYABLE_STATUSES: Final = (t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED)
-
-CHECK_ROLE_RETRIER: Final = f"operator_has_role_{ROLE_RETRIER}"
-CHECK_STATUS: Final = "parent_is_failed"
-CHECK_NOT_RETRIED: Final = "parent_not_yet_retried"
-CHECK_ACKNOWLEDGED: Final = "side_effects_acknowledged"
-CHECK_ROLE_ADMIN: Final = f"operator_has_role_{ROLE_ADMIN}"
-CHECK_REGISTERED: Final = "task_registered"
-CHECK_MANUAL_TRIGGER: Final = "task_manually_triggerable"
-CHECK_RECORDED: Final = "retry_recorded"
-CHECK_CHILD_REDISPATCHABLE: Final = "child_redispatchable"
-
-LAUNCH_REEXECUTION: Final = "reexecution"
-LAUNCH_NEW_RUN: Final = "new_run"
-
-# --- pure checks -----------------------------------------------------------------------------
-
-
-def needs_acknowledgement(entry: Entry) -> bool:
-    """A parent whose earlier run may have had side effects that nobody recorded."""
-    return (
-        entry.status == t.STATUS_DISPATCH_FAILED or entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
-    )
-
-
-def evaluate_retry(
-    parent: Entry,
-    spec: TaskSpec | None,
-    *,
-    operator: str,
-    operators: Operators,
-    acknowledge_side_effects: bool,
-    unregistered: str | None = None,
-) -> tuple[Decision, ...]:
-    """Every rule of a manual retry of ``parent`` by ``operator``, each with its result.
-
-    ``spec`` is the task as registered *now* (None: no longer registered; ``unregistered``
-    then says why, naming the plugin the task came from when that is known).
-    """
-    who = f"entry {parent.id} ({parent.task_key}, {parent.dedup_key})"
-    checks = [operators.check(operator, ROLE_RETRIER)]
-    state = parent.status + (f" ({parent.failure_kind})" if parent.failure_kind else "")
-    checks.append(
-        Decision(
-            CHECK_STATUS,
-            parent.status in RETRYABLE_STATUSES,
-            f"{who} is {state}"
-            + (
-                ""
-                if parent.status in RETRYABLE_STATUSES
-                else "; only a failed (or, acknowledged, dispatch_failed) entry can be retried"
-            ),
-        )
-    )
-    if parent.manual_retry_at is None:
-        checks.append(Decision(CHECK_NOT_RETRIED, True, f"{who} has not been retried"))
-    else:
-        checks.append(
-            Decision(
-                CHECK_NOT_RETRIED,
-                False,
-                f"{who} was already retried by {parent.manual_retry_by} at "
-                f"{parent.manual_retry_at.strftime('%Y-%m-%dT%H:%M:%SZ')}; an entry is "
-                f"retried at most once "
-                f"(retry its child instead if that failed too)",
-            )
-        )
-    if needs_acknowledgement(parent):
-        why = (
-            "its launch failed but a run may still have started"
-            if parent.status == t.STATUS_DISPATCH_FAILED
-            else "its lease was reclaimed while its run may have been doing side effects"
-        )
-        checks.append(
-            Decision(
-                CHECK_ACKNOWLEDGED,
-                acknowledge_side_effects,
-                f"{who}: {why}; "
-                + (
-                    "acknowledged with --acknowledge-side-effects"
-                    if acknowledge_side_effects
-                    else "check what it did, then retry with --acknowledge-side-effects"
-                ),
-            )
-        )
-        checks.append(operators.check(operator, ROLE_ADMIN))
-    else:
-        checks.append(Decision(CHECK_ACKNOWLEDGED, True, "no acknowledgement needed"))
-    if spec is None:
-        checks.append(
-            Decision(
-                CHECK_REGISTERED,
-                False,
-                unregistered
-                or f"task {parent.task_key!r} is no longer registered in orchestration/tasks.py",
-            )
-        )
-        checks.append(
-            Decision(CHECK_MANUAL_TRIGGER, False, f"task {parent.task_key!r} is not registered")
-        )
-    else:
-        checks.append(Decision(CHECK_REGISTERED, True, f"task {spec.key!r} is registered"))
-        checks.append(
-            Decision(
-                CHECK_MANUAL_TRIGGER,
-                spec.manual_trigger,
-                f"task {spec.key!r} "
-                + (
-                    "may be triggered manually"
-                    if spec.manual_trigger
-                    else "is not manually triggerable; set manual_trigger=True in "
-                    "orchestration/tasks.py if manual runs are safe for it"
-                ),
-            )
-        )
-    return tuple(checks)
-
-
-def first_failure(checks: Sequence[Decision]) -> Decision | None:
-    """The first rule that refuses, or None when every check passed."""
-    return next((c for c in checks if not c.passed), None)
-
-
-def checks_json(checks: Sequence[Decision]) -> list[dict[str, object]]:
-    return [c.as_json() for c in checks]
-
 
 # --- the transaction ---------------------------------------------------------------------------
 
@@ -197,13 +72,6 @@ class RetryRecord:
     audit_id: int
     operator: str
     reason: str
-
-
-def refusal_message(rule: Decision, audit_id: int) -> str:
-    return (
-        f"refused by rule {rule.name}: {rule.detail}. Nothing was changed "
-        f"(refusal recorded as audit record {audit_id})"
-    )
 
 
 def record_retry(
@@ -557,31 +425,11 @@ def redispatch_retry(
     so the recorded child is re-dispatched (``dispatch_failed -> queued``, its earlier errors
     kept) and launched -- no second child, and nothing to acknowledge, since no run of the
     child ever claimed it (DESIGN rule 5). The retrier role, the task's registration and its
-    manual trigger are checked as for a retry; a child that was itself retried by hand is
-    refused (its own child runs instead). Audited either way."""
+    manual trigger are checked as for a retry (``evaluate_child_redispatch``). Audited
+    either way."""
     who = f"entry {child.id} (retry of entry {parent.id})"
     spec = find_task(specs, child.task_key)
-    checks: list[Decision] = [
-        operators.check(operator, ROLE_RETRIER),
-        Decision(
-            CHECK_REGISTERED,
-            spec is not None,
-            f"task {child.task_key!r} is " + ("registered" if spec else "no longer registered"),
-        ),
-        Decision(
-            CHECK_MANUAL_TRIGGER,
-            spec is not None and spec.manual_trigger,
-            f"task {child.task_key!r} "
-            + ("may be triggered manually" if spec and spec.manual_trigger else "may not be"),
-        ),
-        Decision(
-            CHECK_CHILD_REDISPATCHABLE,
-            child.manual_retry_at is None,
-            f"{who} is dispatch_failed: its launch failed before any run claimed it"
-            if child.manual_retry_at is None
-            else f"{who} was itself retried by {child.manual_retry_by}; see its child",
-        ),
-    ]
+    checks = evaluate_child_redispatch(parent, child, spec, operator=operator, operators=operators)
     failed = first_failure(checks)
     if failed is None and not ledger.redispatch(child.id, now=now):
         failed = Decision(
@@ -616,139 +464,3 @@ def redispatch_retry(
     )
     result = launch_retry(record, spec, ledger=ledger, instance=instance, launcher=launcher)
     return dataclasses.replace(result, redispatched=True)
-
-
-# --- re-executions started from the Dagster UI -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class UiRetryOutcome:
-    """What the claim wrapper does with a UI re-execution.
-
-    ``allowed``: claim ``entry`` (the child just created, or the parent's own entry when
-    the parent never got one). Refused: do nothing; ``entry`` is the parent.
-    """
-
-    allowed: bool
-    entry: Entry | None
-    message: str
-
-
-def ui_retry_reason(run_id: str, parent_run_id: str) -> str:
-    return f"re-executed from the Dagster UI as run {run_id} (parent run {parent_run_id})"
-
-
-def retry_for_ui_reexecution(
-    ledger: RunLedger,
-    *,
-    task_key: str,
-    dedup_key: str,
-    run_id: str,
-    parent_run_id: str,
-    spec: TaskSpec,
-    operators: Operators | None = None,
-    now: datetime | None = None,
-) -> UiRetryOutcome:
-    """Apply rule 4 to run ``run_id``, a UI re-execution of ``parent_run_id``.
-
-    The parent run's entry is ``(task_key, dedup_key)``. It is retried by operator
-    ``dagster-ui`` under the same checks as the CLI (no acknowledgement is possible from
-    the UI). Allowed and refused outcomes are both audited; a refusal is also recorded in
-    the parent's ``late_job_rejections``. When the parent run never reached the ledger (it
-    failed before its task started) there is nothing to retry: the run executes the
-    parent's entry as its first attempt, audited as such.
-    """
-    reason = ui_retry_reason(run_id, parent_run_id)
-    context = f"Dagster run {run_id}, re-execution of run {parent_run_id}"
-    parent = ledger.find(task_key, dedup_key)
-    if parent is None:
-        ledger.write_audit(
-            operator=UI_OPERATOR,
-            action=ACTION_UI_REEXECUTION,
-            entry_id=None,
-            reason=reason,
-            checks=[{"check": "parent_entry_exists", "passed": False, "detail": dedup_key}],
-            outcome=(
-                f"allowed: no ledger entry {task_key} {dedup_key} for parent run "
-                f"{parent_run_id}; this run executes it as its first attempt ({context})"
-            ),
-            now=now,
-        )
-        return UiRetryOutcome(True, None, f"parent run {parent_run_id} has no ledger entry")
-    if parent.manual_retry_at is not None:
-        # The same run entering its task again (a step retry) keeps the child it created.
-        child = ledger.find(task_key, dedup_key_for_retry(parent.id))
-        if child is not None and (run_id in child.run_ids or child.reason == reason):
-            return UiRetryOutcome(True, child, f"run {run_id} continues entry {child.id}")
-    try:
-        ops = operators if operators is not None else operators_from_env()
-    except OperatorsFileError as exc:
-        # Fail closed: without a readable allow-list nobody is authorised.
-        ops = Operators(source=f"unreadable operators file: {exc}", local=False)
-    try:
-        record = record_retry(
-            ledger,
-            parent.id,
-            specs=[spec],
-            operator=UI_OPERATOR,
-            reason=reason,
-            operators=ops,
-            action=ACTION_UI_REEXECUTION,
-            context=context,
-            now=now,
-        )
-    except Refused as exc:
-        message = (
-            f"UI re-execution {run_id} of run {parent_run_id} (a manual retry of entry "
-            f"{parent.id} by {UI_OPERATOR}) {exc}; this run does nothing"
-        )
-        after = ledger.reject(parent.id, run_id, reason=message, now=now)
-        return UiRetryOutcome(False, after, message)
-    return UiRetryOutcome(
-        True,
-        record.child,
-        f"UI re-execution {run_id} of run {parent_run_id}: manual retry of entry "
-        f"{parent.id} by {UI_OPERATOR} allowed, child entry {record.child.id} "
-        f"(audit record {record.audit_id})",
-    )
-
-
-def unrecorded_retry_refusal(
-    ledger: RunLedger,
-    *,
-    task_key: str,
-    parent_id: int,
-    run_id: str,
-    operator: str | None,
-    now: datetime | None = None,
-) -> UiRetryOutcome | None:
-    """None when the retry a ``manual_retry`` run names was recorded; else its refusal.
-
-    A retry exists only once `record_retry` made its child (from `runs retry` or the UI
-    rule). A run that merely carries ``dueledger/trigger=manual_retry`` tags (typed into
-    the launchpad, say) must not create the child itself: that would bypass every rule.
-    The refusal is audited and, when the parent exists, recorded in its rejections; the
-    outcome's entry is None when it does not.
-    """
-    if ledger.find(task_key, dedup_key_for_retry(parent_id)) is not None:
-        return None
-    detail = (
-        f"run {run_id} is tagged as a manual retry of entry {parent_id}, but no retry of "
-        f"that entry was recorded; retries are made with `dueledger runs retry "
-        f"{parent_id}` or by re-executing its run in the Dagster UI, never by tagging a run"
-    )
-    audit_id = ledger.write_audit(
-        operator=operator,
-        action=ACTION_RETRY_RUN,
-        entry_id=parent_id,
-        reason=None,
-        checks=[{"check": CHECK_RECORDED, "passed": False, "detail": detail}],
-        outcome=f"refused: {CHECK_RECORDED}: {detail}",
-        now=now,
-    )
-    message = refusal_message(Decision(CHECK_RECORDED, False, detail), audit_id)
-    message += "; this run does nothing"
-    parent = ledger.get(parent_id)
-    if parent is None:
-        return UiRetryOutcome(False, None, message)
-    return UiRetryOutcome(False, ledger.reject(parent.id, run_id, reason=message, now=now), message)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from orchestration.hooks.creation import CreationGate, announce_creation, gate_creation
-from orchestration.hooks.firing import Dispatch, fire
-from orchestration.hooks.loading import load_hooks
-from orchestration.hooks.model import HookContext, HookLog, HookRegistry
-from orchestration.hooks.records import HookRecorder, fire_and_record
+from orchestration.services.hooks.creation import CreationGate, announce_creation, gate_creation
+from orchestration.services.hooks.firing import Dispatch, fire
+from orchestration.services.hooks.loading import load_hooks
+from orchestration.services.hooks.model import HookContext, HookLog, HookRegistry
+from orchestration.services.hooks.records import HookRecorder, fire_and_record
 
 
 class Hooks:

@@ -8,10 +8,9 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
-from orchestration.hooks.model import (
+from orchestration.services.hooks.model import (
     BEFORE_TASK_CREATE,
     DEGRADE_ALLOWED_SYSTEM_TAGS,
     GATE_EVENTS,
@@ -38,6 +37,7 @@ from orchestration.hooks.model import (
     emit,
     error_text,
 )
+from resources.core.instants import iso, utc_now
 
 # --- running listeners in isolation -------------------------------------------------------
 
@@ -115,7 +115,7 @@ class Dispatch:
 
 
 def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return iso(utc_now(), micro=True)
 
 
 def _split_tags(

@@ -2,7 +2,7 @@
 ``dueledger.tasks``, registered only when an allow-list names them.
 
 A plugin package declares an entry point in group ``dueledger.tasks`` that names a
-:class:`PluginTask` (a :class:`~orchestration.registry.TaskSpec` and the task's asset, made
+:class:`PluginTask` (a :class:`~resources.core.registry.TaskSpec` and the task's asset, made
 with ``orchestration.task_asset.task_asset``), a list of them, or a zero-argument function
 returning either. The code location registers a plugin task only when
 ``DUELEDGER_PLUGIN_TASKS`` (comma-separated) or ``[tasks] allow = [...]`` in the TOML file
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
-from orchestration.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
-from orchestration.hooks.loading import is_plugin_factory
-from orchestration.registry import TaskSpec, TaskSpecError, find_task, validate_spec
+from orchestration.services.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
+from orchestration.services.hooks.loading import plugin_items
 from orchestration.tasks import TASKS
+from resources.core.registry import TaskSpec, TaskSpecError, find_task, validate_spec
 from resources.core.settings import ENV_PLUGIN_TASKS, Settings, load_settings
 from resources.core.tags import SOURCE_CORE, SOURCE_PLUGIN_PREFIX
 
@@ -312,21 +312,11 @@ def _allowed(allow: Iterable[str], origin: PluginOrigin, task_key: str) -> bool:
 
 
 def _as_plugin_tasks(obj: Any, what: str) -> list[PluginTask]:
-    """An entry point's object -> plugin tasks: a PluginTask, an iterable of them, or a
-    zero-argument factory returning either."""
-    if is_plugin_factory(obj, PluginTask):
-        obj = obj()
-    if isinstance(obj, PluginTask):
-        return [obj]
-    if isinstance(obj, Iterable) and not isinstance(obj, str | bytes | Mapping):
-        items = list(obj)
-        bad = [x for x in items if not isinstance(x, PluginTask)]
-        if not bad:
-            return items
-        obj = bad[0]
-    raise TypeError(
-        f"{what} gave {obj!r}, not a plugin task; return "
-        f"orchestration.task_plugins.PluginTask(spec, asset) or a list of them"
+    return plugin_items(
+        obj,
+        PluginTask,
+        what,
+        "not a plugin task; return orchestration.plugins.PluginTask(spec, asset) or a list of them",
     )
 
 

@@ -33,8 +33,8 @@ listener that times out or raises does not deny.
 Every outcome is logged as one JSON object per line (logger ``dueledger.hooks``, and the
 Dagster run/tick log when there is one) and stored, bounded, on the run's ledger entry
 (``summary.hooks``). This package does not import Dagster; ``orchestration/factory.py``,
-``orchestration/manual.py``, ``orchestration/runtime.py`` and ``assets/domain_assets.py``
-(``billing_maintenance``) are the thin shells that fire the events.
+``orchestration/services/manual.py``, ``orchestration/services/task_events.py`` and
+``assets/domain_assets.py`` (``billing_maintenance``) are the thin shells that fire the events.
 
 Modules: ``model`` (events, outcomes, results, context, listeners, the loaded registry),
 ``loading`` (entry points and the config file), ``firing`` (isolation and timeouts),
@@ -44,22 +44,22 @@ Modules: ``model`` (events, outcomes, results, context, listeners, the loaded re
 
 from __future__ import annotations
 
-from orchestration.hooks.creation import (
+from orchestration.services.hooks.creation import (
     CreationGate,
     announce_creation,
     creation_context,
     gate_creation,
 )
-from orchestration.hooks.firing import (
+from orchestration.services.hooks.firing import (
     Dispatch,
     ListenerOutcome,
     fire,
     run_listener,
 )
-from orchestration.hooks.loading import (
+from orchestration.services.hooks.loading import (
     load_hooks,
 )
-from orchestration.hooks.model import (
+from orchestration.services.hooks.model import (
     AFTER_TASK_CREATE,
     BEFORE_RENEWAL_FIRST_NOTICE,
     BEFORE_TASK_CREATE,
@@ -115,14 +115,14 @@ from orchestration.hooks.model import (
     deny,
     listener,
 )
-from orchestration.hooks.records import (
+from orchestration.services.hooks.records import (
     HookRecorder,
     decode_outcomes,
     encode_outcomes,
     fire_and_record,
     record,
 )
-from orchestration.hooks.registry import (
+from orchestration.services.hooks.registry import (
     Hooks,
 )
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from orchestration.hooks.firing import Dispatch, fire
-from orchestration.hooks.model import (
+from orchestration.services.hooks.firing import Dispatch, fire
+from orchestration.services.hooks.model import (
     AFTER_TASK_CREATE,
     BEFORE_TASK_CREATE,
     TAG_HOOKS,
@@ -15,7 +15,7 @@ from orchestration.hooks.model import (
     HookLog,
     HookRegistry,
 )
-from orchestration.hooks.records import encode_outcomes
+from orchestration.services.hooks.records import encode_outcomes
 from resources.core import tags as t
 
 

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from orchestration.hooks.firing import Dispatch, fire
-from orchestration.hooks.model import (
+from orchestration.services.hooks.firing import Dispatch, fire
+from orchestration.services.hooks.model import (
     MAX_TAG_HOOKS_OUTCOMES,
     HookContext,
     HookLog,

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from orchestration.hooks import CreationGate, Hooks, record
-from orchestration.operators import check_operator_name
-from orchestration.registry import TaskSpec, find_task, task_run_tags
+from orchestration.services.hooks import CreationGate, Hooks, record
 from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
 from resources.core import tags as t
 from resources.core.checks import check_reason, check_request_id
 from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import check_operator_name
+from resources.core.registry import TaskSpec, find_task, task_run_tags
 from resources.ledger import RunLedger, dedup_key_for_request
 
 #: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.

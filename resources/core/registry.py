@@ -13,14 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from resources.core.due import Due
+from resources.core.due import Due, format_due
+from resources.core.instants import as_utc
 from resources.core.slots import (
     Cadence,
-    as_utc,
     cron_cadence,
     cron_effective_cadence,
     first_fire_in_slot,
-    format_due,
     is_valid_cron,
     slot_aligned_cron,
     slot_index,
@@ -119,7 +118,7 @@ class TaskSpec:
     #: targets the partition of its due's day (so the UI can backfill by day).
     partitions: str | None = None
     #: Where the task is declared: "core" (orchestration/tasks.py) or "plugin:<name>", set
-    #: by the plugin loader (orchestration/task_plugins.py), never by a plugin itself.
+    #: by the plugin loader (orchestration/services/task_plugins.py), never by a plugin itself.
     source: str = SOURCE_CORE
 
     @property

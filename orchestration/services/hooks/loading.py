@@ -13,9 +13,9 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from orchestration.hooks.model import (
+from orchestration.services.hooks.model import (
     ENTRY_POINT_GROUP,
     ENV_HOOKS_FILE,
     SOURCE_CONFIG,
@@ -57,26 +57,37 @@ def is_plugin_factory(obj: Any, item_type: type) -> bool:
     )
 
 
-def _as_listeners(obj: Any, what: str) -> list[Listener]:
-    """A plugin's object -> listeners: a Listener, an iterable of them, or a zero-argument
-    factory returning either."""
-    if is_plugin_factory(obj, Listener):
+_Item = TypeVar("_Item")
+
+
+def plugin_items(obj: Any, item_type: type[_Item], what: str, expected: str) -> list[_Item]:
+    """A plugin's object -> its items: one ``item_type``, an iterable of them, or a
+    zero-argument factory returning either (hook listeners and plugin tasks alike). Anything
+    else is a TypeError saying what ``what`` gave and ``expected`` (the fix)."""
+    if is_plugin_factory(obj, item_type):
         obj = obj()
-    if isinstance(obj, Listener):
+    if isinstance(obj, item_type):
         return [obj]
     if isinstance(obj, Iterable) and not isinstance(obj, str | bytes | Mapping):
         items = list(obj)
-        bad = [x for x in items if not isinstance(x, Listener)]
+        bad = [x for x in items if not isinstance(x, item_type)]
         if not bad:
             return items
         obj = bad[0]
-    raise TypeError(
-        f"{what} gave {obj!r}, not a listener; decorate the function with "
-        f"@orchestration.hooks.listener(...) or return a list of listeners"
+    raise TypeError(f"{what} gave {obj!r}, {expected}")
+
+
+def _as_listeners(obj: Any, what: str) -> list[Listener]:
+    return plugin_items(
+        obj,
+        Listener,
+        what,
+        "not a listener; decorate the function with @orchestration.plugins.listener(...) "
+        "or return a list of listeners",
     )
 
 
-# ``tasks`` is the plugin tasks' allow-list table (orchestration/task_plugins.py reads it).
+# ``tasks`` is the plugin tasks' allow-list table (orchestration/services/task_plugins.py reads it).
 _CONFIG_KEYS: Final = {"listeners", "disable_entry_points", "overrides", "tasks"}
 _LISTENER_KEYS: Final = {"target", "events", "blocking", "timeout_seconds", "name"}
 _OVERRIDE_KEYS: Final = {"blocking", "timeout_seconds", "events"}
