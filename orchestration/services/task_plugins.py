@@ -40,6 +40,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from orchestration.services.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
 from orchestration.services.hooks.loading import plugin_items
+from orchestration.services.hooks.model import cut_text, error_text
 from orchestration.tasks import TASKS
 from resources.core.registry import TaskSpec, TaskSpecError, find_task, validate_spec
 from resources.core.settings import ENV_PLUGIN_TASKS, Settings, load_settings
@@ -246,8 +247,7 @@ def _norm(name: str) -> str:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 500 else text[:488] + " [truncated]"
+    return cut_text(error_text(exc), 500)
 
 
 # --- the allow-list -------------------------------------------------------------------------------

@@ -181,6 +181,14 @@ def test_a_plugin_that_cannot_be_imported_is_reported_not_raised() -> None:
     assert "plugin:gone" in why and "failed to load" in why
 
 
+def test_a_plugin_written_against_a_moved_module_is_told_where_its_imports_went() -> None:
+    # Plugins once imported orchestration.task_plugins (and .hooks, .registry) directly.
+    registry = load(entry_point("old", "TASKS", module="orchestration.task_plugins"), allow="old")
+    (problem,) = registry.load_errors
+    assert "No module named 'orchestration.task_plugins'" in problem.error
+    assert "import from orchestration.plugins instead" in problem.error
+
+
 def test_of_two_allowed_plugins_with_one_key_the_first_registers_and_the_error_names_both() -> None:
     registry = load(
         entry_point("first", "GOOD"), entry_point("second", "GOOD"), allow="first,second"

@@ -320,8 +320,19 @@ class HookRegistry:
         }
 
 
+#: Where a plugin's imports used to live, before ``orchestration.plugins`` was its one API.
+MOVED_PLUGIN_MODULES: Final = frozenset(
+    {"orchestration.hooks", "orchestration.registry", "orchestration.task_plugins"}
+)
+
+
 def error_text(exc: BaseException) -> str:
-    return cut_text(f"{type(exc).__name__}: {exc}")
+    """A plugin's exception in one bounded line; an import of a module that moved says where
+    its names are now."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name in MOVED_PLUGIN_MODULES:
+        text += "; import from orchestration.plugins instead (the plugin API, docs/plugins.md)"
+    return cut_text(text)
 
 
 def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
