@@ -63,8 +63,22 @@ def _description(view: TaskView) -> str:
     return text
 
 
+#: The job of each view built in this process. The schedules, the code location's job list
+#: and the re-dispatch sensor (which targets every task job) must hold the same object:
+#: Dagster refuses two definitions of one job name.
+_JOBS: dict[TaskView, dg.UnresolvedAssetJobDefinition] = {}
+
+
 def build_task_job(view: TaskView) -> dg.UnresolvedAssetJobDefinition:
-    """The task's job: materializes the task's asset, tagged for the ledger and queue."""
+    """The task's job: materializes the task's asset, tagged for the ledger and queue.
+    Built once per view in a process; later calls return the same job."""
+    job = _JOBS.get(view)
+    if job is None:
+        job = _JOBS[view] = _new_task_job(view)
+    return job
+
+
+def _new_task_job(view: TaskView) -> dg.UnresolvedAssetJobDefinition:
     return dg.define_asset_job(
         name=view.spec.job_name,
         # The asset alone: its ledger check (orchestration/checks.py) is reported by a sensor

@@ -4,9 +4,9 @@ One module per sensor family; ``SENSORS`` is what the code location registers:
 
 - ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
   it also creates the task pools (pools.py) that hold one run per task;
-- ``<task>_redispatch_sensor`` (redispatch.py): dispatch_failed -> re-dispatch in its slot
-  (one per task: the run key ``<due>#redispatch-<n>`` is unambiguous only per sensor);
-  every eighth of a slot, 30 s to 2 minutes;
+- ``redispatch_sensor`` (redispatch.py): dispatch_failed -> re-dispatch in its slot, one
+  sensor for every task (run keys ``<task>@<due>#redispatch-<n>``); every eighth of a slot,
+  30 s to 2 minutes;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
 - ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;
 - ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong.
@@ -44,21 +44,22 @@ def build_sensors(
 ) -> list[dg.SensorDefinition]:
     """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests).
 
-    ``redispatch_interval_seconds`` overrides the re-dispatch sensors' interval (default: an
+    ``redispatch_interval_seconds`` overrides the re-dispatch sensor's interval (default: an
     eighth of the slot, 30 s to 2 minutes,
-    ``resources.core.redispatch.redispatch_interval_seconds``).
+    ``resources.core.redispatch.redispatch_interval_seconds``). No sensor is per task but
+    the catch-up sensors of ``catch_up`` tasks: the others cost the same for 10 or 500 tasks.
     """
     sensors = [
         build_outcome_sensor(views, clock=clock),
         build_reclaim_sensor(clock=clock),
         build_slot_health_sensor(views, clock=clock),
     ]
-    sensors += [
-        build_redispatch_sensor(
-            v, clock=clock, minimum_interval_seconds=redispatch_interval_seconds
+    if views:
+        sensors.append(
+            build_redispatch_sensor(
+                views, clock=clock, minimum_interval_seconds=redispatch_interval_seconds
+            )
         )
-        for v in views
-    ]
     sensors += [
         build_catch_up_sensor(v, clock=clock)
         for v in views

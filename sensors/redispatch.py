@@ -1,72 +1,123 @@
-"""``<task>_redispatch_sensor``: re-dispatches a task's ``dispatch_failed`` scheduled due
-within its own slot (DESIGN rule 5; the plan and its run keys: ``resources/core/redispatch.py``).
+"""``redispatch_sensor``: re-dispatches every task's ``dispatch_failed`` scheduled due within
+its own slot (DESIGN rule 5; the plan and its run keys: ``resources/core/redispatch.py``).
+
+One sensor for all tasks, so its cost follows the entries that need a re-dispatch, not the
+number of tasks: each evaluation reads the current slot's ``dispatch_failed`` and ``queued``
+entries by index (``RunLedger.entries_of_due``) and plans each one. Dagster looks a sensor's
+run keys up by sensor name only (``fetch_existing_runs`` in ``dagster/_daemon/sensor.py``),
+so when the sensor targets several task jobs its keys carry the task:
+``<task>@<due>#redispatch-<n>``; the ledger's dedup key stays ``due:<due>``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import dagster as dg
 
+from orchestration.factory import build_task_job
 from orchestration.services.dagster_runs import last_dispatch_failure_canceled
-from resources.core.due import floor_to_slot, format_due
+from resources.core import tags as t
+from resources.core.due import Due
 from resources.core.instants import Clock, utc_now
 from resources.core.redispatch import (
     DEFAULT_MAX_REDISPATCHES,
     MAX_REDISPATCHES_LIMIT,
+    REDISPATCH_STATUSES,
     plan_redispatch,
     redispatch_interval_seconds,
     redispatch_run_key,
 )
 from resources.core.registry import TaskView
-from resources.ledger import MAX_DISPATCH_FAILURES, RunLedger, dedup_key_for_due
+from resources.ledger import MAX_DISPATCH_FAILURES, RunLedger
 from sensors.support import due_run_request, ledger_sensor
+
+SENSOR_NAME = "redispatch_sensor"
+#: Entries a skip reason names one by one; the rest are counted.
+_NAMED_IN_SKIP = 5
 
 
 def build_redispatch_sensor(
-    view: TaskView,
+    views: Sequence[TaskView],
     *,
     clock: Clock = utc_now,
     max_redispatches: int = DEFAULT_MAX_REDISPATCHES,
     minimum_interval_seconds: int | None = None,
 ) -> dg.SensorDefinition:
-    """``<task>_redispatch_sensor``: re-dispatches the current slot's ``dispatch_failed``
-    entry of one task, at most ``max_redispatches`` times per slot, evaluated every
+    """``redispatch_sensor``: re-dispatches the current slot's ``dispatch_failed`` entries of
+    the tasks of ``views``, each at most ``max_redispatches`` times per slot, evaluated every
     ``minimum_interval_seconds`` (default :func:`redispatch_interval_seconds` of the slot).
 
-    One sensor per task, not one for all: Dagster looks a sensor's run keys up per sensor
-    (``dagster/sensor_name`` and ``dagster/run_key``, whatever job a run is for), so two
-    tasks re-dispatching the same due from one sensor would share ``<due>#redispatch-<n>``
-    and the second run would never be created (docs/operations.md)."""
+    Its run keys are ``<task>@<due>#redispatch-<n>`` when it targets several task jobs and
+    ``<due>#redispatch-<n>`` when it targets one (docs/operations.md)."""
     if not 0 <= max_redispatches <= MAX_REDISPATCHES_LIMIT:
         raise ValueError(
             f"max_redispatches={max_redispatches} must be in 0..{MAX_REDISPATCHES_LIMIT} "
             f"(the ledger keeps the newest {MAX_DISPATCH_FAILURES} dispatch failures)"
         )
-    spec = view.spec
+    if not views:
+        raise ValueError("a re-dispatch sensor needs at least one task")
+    by_key = {v.spec.key: v for v in views}
+    slots = sorted({v.slot_minutes for v in views})
     if minimum_interval_seconds is None:
-        minimum_interval_seconds = redispatch_interval_seconds(view.slot_minutes)
+        minimum_interval_seconds = redispatch_interval_seconds(slots[0])
+    qualify = len(by_key) > 1
 
     @ledger_sensor(
-        f"{spec.key}_redispatch_sensor",
-        job_name=spec.job_name,
+        SENSOR_NAME,
+        jobs=[build_task_job(v) for v in views],
         clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
         description=(
-            f"Re-dispatches {spec.key}'s dispatch_failed entry within its own slot, at most "
-            f"{max_redispatches} times; run_key <due>#redispatch-<n>."
+            "Re-dispatches each task's dispatch_failed entry within its own slot, at most "
+            f"{max_redispatches} times; run_key "
+            + ("<task>@<due>#redispatch-<n>." if qualify else "<due>#redispatch-<n>.")
         ),
     )
-    def _redispatch(context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime):
-        due = floor_to_slot(now, view.slot_minutes)
-        entry = ledger.find(spec.key, dedup_key_for_due(due))
-        canceled = entry is not None and last_dispatch_failure_canceled(context.instance, entry)
-        plan = plan_redispatch(entry, max_redispatches, last_failure_canceled=canceled)
-        if plan.number is None or entry is None:
-            return dg.SkipReason(f"{spec.key}@{format_due(due)}: {plan.reason}")
-        if plan.compare_and_set and not ledger.redispatch(entry.id, now=now):
-            return dg.SkipReason(f"{spec.key}@{format_due(due)}: entry changed meanwhile")
-        context.log.info(f"{spec.key}@{format_due(due)} entry {entry.id}: {plan.reason}")
-        return due_run_request(view, due, redispatch_run_key(due, plan.number))
+    def redispatch_sensor(
+        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
+    ) -> dg.SensorResult:
+        requests: list[dg.RunRequest] = []
+        skipped: list[str] = []
+        for slot_minutes in slots:
+            due = Due.of_slot(now, slot_minutes)
+            for entry in ledger.entries_of_due(due, REDISPATCH_STATUSES):
+                view = by_key.get(entry.task_key)
+                if view is None or view.slot_minutes != slot_minutes:
+                    continue  # not this location's task: the outcome sensor ends its entries
+                where = f"{entry.task_key}@{due}"
+                canceled = entry.status == t.STATUS_DISPATCH_FAILED and (
+                    last_dispatch_failure_canceled(context.instance, entry)
+                )
+                plan = plan_redispatch(entry, max_redispatches, last_failure_canceled=canceled)
+                if plan.number is None:
+                    skipped.append(f"{where}: {plan.reason}")
+                    continue
+                if plan.compare_and_set and not ledger.redispatch(entry.id, now=now):
+                    skipped.append(f"{where}: entry changed meanwhile")
+                    continue
+                context.log.info(f"{where} entry {entry.id}: {plan.reason}")
+                key = view.spec.key if qualify else None
+                requests.append(
+                    due_run_request(
+                        view,
+                        due,
+                        redispatch_run_key(due, plan.number, key),
+                        job_name=view.spec.job_name,
+                    )
+                )
+        if requests:
+            return dg.SensorResult(run_requests=requests)
+        return dg.SensorResult(skip_reason=_skip_reason(now, slots, skipped))
 
-    return _redispatch
+    return redispatch_sensor
+
+
+def _skip_reason(now: datetime, slots: Sequence[int], skipped: Sequence[str]) -> str:
+    if not skipped:
+        dues = ", ".join(str(Due.of_slot(now, m)) for m in slots)
+        return f"no entry of this slot's due ({dues}) to re-dispatch"
+    named = "; ".join(skipped[:_NAMED_IN_SKIP])
+    more = len(skipped) - _NAMED_IN_SKIP
+    return named + (f"; and {more} more" if more > 0 else "")

@@ -7,7 +7,7 @@ injected clock (STYLE 4: tests pass a frozen clock; nothing below reads the wall
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,14 +30,18 @@ def ledger_sensor(
     clock: Clock,
     minimum_interval_seconds: int,
     job_name: str | None = None,
+    jobs: Sequence[dg.UnresolvedAssetJobDefinition] | None = None,
 ) -> Callable[[SensorBody], dg.SensorDefinition]:
     """Make ``body`` the sensor ``name``: running by default, evaluated at most every
-    ``minimum_interval_seconds``, given the ledger and ``clock()`` (one read per tick)."""
+    ``minimum_interval_seconds``, given the ledger and ``clock()`` (one read per tick).
+    It may request runs of ``job_name``, or of ``jobs`` (the very job objects the code
+    location registers: Dagster refuses two definitions of one job)."""
 
     def wrap(body: SensorBody) -> dg.SensorDefinition:
         @dg.sensor(
             name=name,
             job_name=job_name,
+            jobs=jobs or None,
             minimum_interval_seconds=minimum_interval_seconds,
             default_status=dg.DefaultSensorStatus.RUNNING,
             description=description,
@@ -50,9 +54,12 @@ def ledger_sensor(
     return wrap
 
 
-def due_run_request(view: TaskView, due: Due | datetime, run_key: str) -> dg.RunRequest:
+def due_run_request(
+    view: TaskView, due: Due | datetime, run_key: str, *, job_name: str | None = None
+) -> dg.RunRequest:
     """A sensor's request for the task's run of ``due``: tagged like the scheduled run
-    (same ledger key ``due:<due>``, same partition) but ``dueledger/trigger=sensor``."""
+    (same ledger key ``due:<due>``, same partition) but ``dueledger/trigger=sensor``.
+    ``job_name``: the task's job, for a sensor that targets several."""
     due = Due.coerce(due)
     tags = {
         t.TAG_TASK: view.spec.key,
@@ -62,4 +69,4 @@ def due_run_request(view: TaskView, due: Due | datetime, run_key: str) -> dg.Run
     partition_key = partition_key_for(view.spec, due)
     if partition_key is not None:
         tags[t.DAGSTER_PARTITION] = partition_key
-    return dg.RunRequest(run_key=run_key, tags=tags, partition_key=partition_key)
+    return dg.RunRequest(run_key=run_key, tags=tags, partition_key=partition_key, job_name=job_name)

@@ -440,7 +440,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "error": str(last.get("error") or entry.error or "").strip()[:ALERT_ERROR_CHARS],
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
-                f"{entry.task_key}_redispatch_sensor; see `dueledger runs show {entry.id}`"
+                f"redispatch_sensor; see `dueledger runs show {entry.id}`"
             ),
         }
     return None

@@ -24,6 +24,7 @@ DUE_FORMAT: Final = ISO_SECONDS
 ORIGIN_DUE: Final = "due"
 _KEY_PREFIX: Final = f"{ORIGIN_DUE}:"
 _REDISPATCH: Final = "#redispatch-"
+_TASK_SEPARATOR: Final = "@"
 
 
 def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
@@ -101,11 +102,16 @@ class Due:
         """The ledger dedup key ``due:<text>``."""
         return f"{_KEY_PREFIX}{self.text}"
 
-    def redispatch_run_key(self, number: int) -> str:
-        """The run key of the ``number``-th re-dispatch: ``<text>#redispatch-<n>``."""
+    def redispatch_run_key(self, number: int, task_key: str | None = None) -> str:
+        """The run key of the ``number``-th re-dispatch: ``<text>#redispatch-<n>``, or
+        ``<task>@<text>#redispatch-<n>`` with ``task_key`` (a sensor that re-dispatches
+        several tasks: Dagster dedups its run keys per sensor, not per job)."""
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"re-dispatch number must be an int >= 1, got {number!r}")
-        return f"{self.text}{_REDISPATCH}{number}"
+        if task_key is not None and (not task_key or _TASK_SEPARATOR in task_key):
+            raise ValueError(f"task key {task_key!r} cannot qualify a run key")
+        prefix = f"{task_key}{_TASK_SEPARATOR}" if task_key is not None else ""
+        return f"{prefix}{self.text}{_REDISPATCH}{number}"
 
     def __str__(self) -> str:
         return self.text

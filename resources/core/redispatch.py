@@ -5,9 +5,12 @@ within its own slot, at most ``max_redispatches`` times. Dagster's sensor run-ke
 a key forever, even for a failed run, so the n-th re-dispatch of a due uses run key
 ``<due>#redispatch-<n>`` where n is the number of dispatch failures the entry has recorded:
 a new failure gives a new key (never blocked), and re-evaluating the same state gives the
-same key (Dagster finds its run; no second run). The ledger's ``dispatch_failed -> queued``
-compare-and-set decides which evaluation re-dispatches; the claim decides which run acts.
-The sensor that asks is ``sensors/redispatch.py``.
+same key (Dagster finds its run; no second run). One sensor re-dispatches every task, and
+Dagster looks a sensor's run keys up by sensor name only, so when it targets several task
+jobs the key is qualified by the task: ``<task>@<due>#redispatch-<n>``. The ledger's
+``dispatch_failed -> queued`` compare-and-set decides which evaluation re-dispatches; the
+claim decides which run acts. The sensor that asks is ``sensors/redispatch.py``; it reads
+only the current slot's entries that may need it (:data:`REDISPATCH_STATUSES`, by index).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ MAX_REDISPATCHES_LIMIT: Final = MAX_DISPATCH_FAILURES - 1
 REDISPATCH_INTERVAL_MIN: Final = 30
 REDISPATCH_INTERVAL_MAX: Final = 120
 REDISPATCH_SLOT_FRACTION: Final = 8
+#: The statuses of a due's entry that a re-dispatch evaluation looks at: ``dispatch_failed``
+#: (to re-dispatch) and ``queued`` (re-dispatched already, its run request perhaps lost).
+REDISPATCH_STATUSES: Final = (t.STATUS_DISPATCH_FAILED, t.STATUS_QUEUED)
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,11 @@ class RedispatchPlan:
     reason: str
 
 
-def redispatch_run_key(due: Due | datetime, number: int) -> str:
-    """``<due>#redispatch-<n>``: unique per (due, n), so never blocked by an older key."""
-    return Due.coerce(due).redispatch_run_key(number)
+def redispatch_run_key(due: Due | datetime, number: int, task_key: str | None = None) -> str:
+    """``<due>#redispatch-<n>``, or ``<task>@<due>#redispatch-<n>`` with ``task_key`` (a
+    sensor that targets several task jobs): unique per (task, due, n) within the sensor, so
+    never blocked by an older key."""
+    return Due.coerce(due).redispatch_run_key(number, task_key)
 
 
 def plan_redispatch(
@@ -76,14 +84,14 @@ def plan_redispatch(
 
 
 def redispatch_interval_seconds(slot_minutes: int) -> int:
-    """How often a re-dispatch sensor evaluates: an eighth of the slot, 30 s to 2 minutes.
+    """How often the re-dispatch sensor evaluates: an eighth of the slot, 30 s to 2 minutes.
 
-    A re-dispatch sensor has work only while its slot's entry is ``dispatch_failed``, and it
-    must act within that slot; every other evaluation is a skipped tick the daemon still
-    pays for (a gRPC call to the code server, a tick written to Dagster's storage), once per
-    task. On 15-minute slots it evaluates every 112 s (it was 30 s): a dispatch failure waits
-    at most that much longer for its re-dispatch, and one recorded in the last 112 s of its
-    slot is left ``dispatch_failed`` (the slot-health warning and ``summary`` report it).
-    Slots of 4 minutes or less keep 30 s, so a re-dispatch still fits in the slot."""
+    The sensor has work only while an entry of the current slot is ``dispatch_failed``, and
+    it must act within that slot; every other evaluation is a skipped tick the daemon still
+    pays for (a gRPC call to the code server, a tick written to Dagster's storage). On
+    15-minute slots it evaluates every 112 s: a dispatch failure waits at most that long for
+    its re-dispatch, and one recorded in the last 112 s of its slot is left
+    ``dispatch_failed`` (the slot-health warning and ``summary`` report it). Slots of 4
+    minutes or less keep 30 s, so a re-dispatch still fits in the slot."""
     share = slot_minutes * 60 // REDISPATCH_SLOT_FRACTION
     return max(REDISPATCH_INTERVAL_MIN, min(REDISPATCH_INTERVAL_MAX, share))

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import tags
+from resources.core.due import ORIGIN_DUE, Due
 from resources.core.entries import DEFAULT_LIST_LIMIT, origin_of
 from resources.core.entry import Entry
 from resources.core.instants import iso
@@ -54,6 +55,30 @@ class LedgerQueries(LedgerStore):
         with self._connect("autocommit") as conn:
             row = conn.execute(query).mappings().first()
         return None if row is None else entry_from_row(row)
+
+    def entries_of_due(self, due: Due | datetime, statuses: Sequence[str]) -> list[Entry]:
+        """The scheduled entries (dedup key ``due:<due>``) of ``due`` in one of ``statuses``,
+        every task's, by id: one range of index ``(status, due)``, so the cost follows the
+        rows returned, not the ledger's size (the re-dispatch sensor's read)."""
+        due = Due.coerce(due)
+        unknown = [s for s in statuses if s not in tags.STATUSES]
+        if unknown or not statuses:
+            raise ValueError(
+                f"statuses must name at least one of {', '.join(tags.STATUSES)}, got "
+                f"{list(statuses)!r}"
+            )
+        query = (
+            sa.select(entries)
+            .where(
+                entries.c.status.in_(list(statuses)),
+                entries.c.due == to_db(due.at, "due"),
+                entries.c.origin == ORIGIN_DUE,
+                entries.c.dedup_key == due.key,
+            )
+            .order_by(entries.c.id)
+        )
+        with self._connect("autocommit") as conn:
+            return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
     def children(self, entry_id: int) -> list[Entry]:
         """Entries whose parent is ``entry_id`` (manual retries), oldest first."""

@@ -88,6 +88,9 @@ entries = sa.Table(
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
     ),
+    # Migration e25a7c3f (issue 25): the re-dispatch sensor's read, one slot's entries of a
+    # few statuses, is an index range of exactly those rows whatever the ledger's size.
+    sa.Index("ix_dueledger_entries_status_due", "status", "due"),
     sqlite_autoincrement=True,
 )
 

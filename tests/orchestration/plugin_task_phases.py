@@ -105,6 +105,12 @@ def installed() -> dict[str, Any]:
         "jobs": sorted(j.name for j in location.defs.resolve_all_job_defs()),
         "schedules": sorted(s.name for s in location.defs.schedules or ()),
         "sensors": sorted(s.name for s in location.defs.sensors or ()),
+        "redispatch_jobs": sorted(
+            j.name
+            for s in location.defs.sensors or ()
+            if s.name == "redispatch_sensor"
+            for j in s.jobs
+        ),
     }
     out["tasks_json"] = json.loads(_cli("tasks", "--json")[1])
     allowed = os.environ.pop(ENV_PLUGIN_TASKS)

@@ -499,10 +499,12 @@ def test_an_installed_plugin_task_runs_and_after_uninstall_its_runs_end_unsuppor
     a = venv.phase("installed", env)
     source_tag = "plugin:example-dueledger-tasks"
 
-    # Installed and allowed: the code location has the task's job, schedule and sensor.
+    # Installed and allowed: the code location has the task's job and schedule, and the one
+    # re-dispatch sensor targets its job too.
     assert "example_heartbeat_job" in a["jobs"]
     assert "example_heartbeat_schedule" in a["schedules"]
-    assert "example_heartbeat_redispatch_sensor" in a["sensors"]
+    assert "example_heartbeat_job" in a["redispatch_jobs"]
+    assert not any(name.startswith("example_heartbeat") for name in a["sensors"])
     rows = {r["key"]: r for r in a["tasks_json"]}
     assert rows["example_heartbeat"]["source"] == source_tag
     assert rows["order_cleanup"]["source"] == "core"

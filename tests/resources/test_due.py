@@ -31,6 +31,19 @@ def test_key_and_redispatch_run_keys() -> None:
         due.redispatch_run_key(0)
 
 
+def test_a_sensor_of_several_tasks_qualifies_its_redispatch_keys_by_task() -> None:
+    # One re-dispatch sensor for every task: Dagster dedups its run keys per sensor, so two
+    # tasks' first re-dispatch of one due must not share a key.
+    due = Due(AT)
+    assert due.redispatch_run_key(1, "order_cleanup") == (
+        "order_cleanup@2026-11-30T22:45:00Z#redispatch-1"
+    )
+    assert due.redispatch_run_key(1, "a") != due.redispatch_run_key(1, "b")
+    for bad in ("", "a@b"):
+        with pytest.raises(ValueError, match="cannot qualify"):
+            due.redispatch_run_key(1, bad)
+
+
 def test_the_same_instant_in_another_zone_is_the_same_due() -> None:
     plus_one = timezone(timedelta(hours=1))
     other = Due(AT.astimezone(plus_one))

@@ -263,6 +263,7 @@ def test_a_redispatch_is_numbered_by_the_dispatch_failures_and_bounded(
 def test_redispatch_run_keys_are_unique_per_due_and_number():
     assert redispatch_run_key(DUE, 1) == "2026-11-30T22:45:00Z#redispatch-1"
     assert redispatch_run_key(DUE, 2) != redispatch_run_key(DUE, 1)
+    assert redispatch_run_key(DUE, 1, "a") == "a@2026-11-30T22:45:00Z#redispatch-1"
 
 
 @pytest.mark.parametrize(
@@ -274,15 +275,16 @@ def test_a_redispatch_sensor_evaluates_once_per_eighth_of_its_slot_30_s_to_2_min
     assert redispatch_interval_seconds(slot_minutes) == seconds
 
 
-def test_the_code_location_keeps_one_redispatch_sensor_per_task_at_the_slot_interval():
-    # One sensor per task: Dagster looks run keys up per sensor name, so <due>#redispatch-<n>
-    # would be shared by two tasks re-dispatching the same due from one sensor.
+def test_the_code_location_has_one_redispatch_sensor_for_every_task_at_the_slot_interval():
+    # One sensor, not one per task: its cost follows the entries to re-dispatch, not the
+    # number of tasks (issue 25). It targets every task job, so its run keys name the task.
     views = task_views()
     sensors = {s.name: s for s in build_sensors(views)}
-    for view in views:
-        sensor = sensors[f"{view.spec.key}_redispatch_sensor"]
-        assert sensor.job_name == view.spec.job_name
-        assert sensor.minimum_interval_seconds == redispatch_interval_seconds(view.slot_minutes)
+    assert not [name for name in sensors if name.endswith("_redispatch_sensor")]
+    sensor = sensors["redispatch_sensor"]
+    assert {j.name for j in sensor.jobs} == {v.spec.job_name for v in views}
+    assert sensor.minimum_interval_seconds == redispatch_interval_seconds(views[0].slot_minutes)
+    assert "<task>@<due>#redispatch-<n>" in (sensor.description or "")
 
 
 # --- retries as attempts: run retries relaunch, the same entry counts attempts ----------------
