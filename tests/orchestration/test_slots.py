@@ -133,6 +133,11 @@ def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> 
         "30 1 * * 0",
         "15 9-17 * * 1-5",
         "0 0 29 2 *",  # once in four years: no gap inside the sample
+        # Daily-periodic (no day, month or weekday): in UTC sampled over two days only.
+        "17 3 * * *",
+        "5,35 */6 * * *",
+        "*/13 2-5 * * *",
+        "45 23 * * *",
     ],
 )
 def test_the_shared_cron_sample_gives_the_cadences_sampling_each_gave(cron, tz):
