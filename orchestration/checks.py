@@ -12,7 +12,7 @@ slot (a warning).
 
 # No ``from __future__ import annotations``: Dagster reads the check function's annotations
 # (the context type, the RunLedger resource) as objects.
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
@@ -46,31 +46,51 @@ _LEDGER_CHECK_DESCRIPTIONS = {
 
 
 def build_task_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinition]:
-    """One ``latest_due_accounted_for`` check per task asset."""
-    return [_task_check(view) for view in views]
+    """The ``latest_due_accounted_for`` check of every task asset, as one definition.
 
-
-def _task_check(view: TaskView) -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset=dg.AssetKey(view.spec.asset),
-        name=CHECK_NAME,
-        blocking=False,
-        description=(
-            f"Passes when {view.spec.key}'s latest due whose slot is over succeeded (or is "
-            f"still running with a live lease); fails naming why not. Evaluated from the "
-            f"ledger each slot by slot_health_sensor; executing it never runs the task."
-        ),
-    )
-    def _check(context: dg.AssetCheckExecutionContext, ledger: RunLedger) -> dg.AssetCheckResult:
-        account = account_latest_due(view, ledger, utc_now(), instance=context.instance)
-        return dg.AssetCheckResult(
-            passed=account.passed,
-            metadata=account.metadata(),
-            severity=dg.AssetCheckSeverity.WARN if account.warning else dg.AssetCheckSeverity.ERROR,
-            description=account.detail,
+    One multi-asset check, not one ``@asset_check`` per task: every check definition is a node
+    of Dagster's asset graph, and Dagster resolves each asset job against the whole graph, so
+    500 separate checks doubled the code location's load at 500 tasks (issue 25,
+    docs/performance.md). Each task asset still has its own check (key, description,
+    evaluations); executing one evaluates that one (the definition subsets)."""
+    if not views:
+        return []
+    by_asset = {dg.AssetKey(v.spec.asset): v for v in views}
+    specs = [
+        dg.AssetCheckSpec(
+            name=CHECK_NAME,
+            asset=key,
+            blocking=False,
+            description=(
+                f"Passes when {view.spec.key}'s latest due whose slot is over succeeded (or is "
+                f"still running with a live lease); fails naming why not. Evaluated from the "
+                f"ledger each slot by slot_health_sensor; executing it never runs the task."
+            ),
         )
+        for key, view in by_asset.items()
+    ]
 
-    return _check
+    @dg.multi_asset_check(specs=specs, can_subset=True, name=f"{CHECK_NAME}_checks")
+    def _checks(
+        context: dg.AssetCheckExecutionContext, ledger: RunLedger
+    ) -> Iterator[dg.AssetCheckResult]:
+        now = utc_now()
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
+            account = account_latest_due(
+                by_asset[key.asset_key], ledger, now, instance=context.instance
+            )
+            yield dg.AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=account.passed,
+                metadata=account.metadata(),
+                severity=(
+                    dg.AssetCheckSeverity.WARN if account.warning else dg.AssetCheckSeverity.ERROR
+                ),
+                description=account.detail,
+            )
+
+    return [_checks]
 
 
 def build_ledger_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinition]:
