@@ -3,9 +3,10 @@
 (orchestration/services/ledger_checks.py), evaluated the same way.
 
 The check is evaluated from the ledger, never by running the task
-(orchestration/services/accounting.py): ``slot_health_sensor`` reports it for every task at
-the start of each slot, and "Execute" on the check in the Catalog evaluates it on demand
-(a small run of the check alone). A failing check names why the latest due is not
+(orchestration/services/accounting.py): ``slot_health_sensor`` reports it at a slot's start
+for every task whose latest due moved or whose last evaluation was not a success, and
+"Execute" on the check in the Catalog evaluates it on demand (a small run of the check
+alone). A failing check names why the latest due is not
 accounted for: missed, failed, dispatch_failed, a stale lease, or still queued after its
 slot (a warning).
 """

@@ -1,11 +1,18 @@
 """``slot_health_sensor``: once per slot, one warning listing reclaims, dispatch failures,
-missed dues and queue backlog — nothing when all is well; and every task asset's
-``latest_due_accounted_for`` check and the ``ledger_health`` asset's ledger checks
+missed dues and queue backlog — nothing when all is well; and the task assets'
+``latest_due_accounted_for`` checks and the ``ledger_health`` asset's ledger checks
 (orchestration/checks.py), reported without a run.
+
+What one evaluation reads follows the dues of the slots since the previous one, not the
+number of tasks (issue 25): only tasks with a due in those slots are audited for missed
+dues, and a task's check is evaluated again only when its latest due moved or its last
+evaluation was not a success (the cursor names those tasks). A success is final, so a
+check that passed with it stands until the task's next due.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,9 +21,9 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.services.accounting import account_latest_due, check_evaluation
+from orchestration.services.accounting import STATE_SUCCESS, account_latest_due, check_evaluation
 from orchestration.services.alerts import Alerts
-from orchestration.services.audit import TaskAudit, audit_tasks
+from orchestration.services.audit import TaskAudit, audit_tasks, expected_dues
 from orchestration.services.ledger_checks import ledger_check_evaluations
 from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
 from resources.core import tags as t
@@ -128,8 +135,14 @@ def slot_health(
                     }
                 )
     first_slot = floor_to_slot(since, slot_minutes)
+    # Only tasks with a due in the slots since ``since`` can have missed one there, and their
+    # evidence needs looking at only from ``first_slot`` on (at most the summary's window).
     audits: list[TaskAudit] = audit_tasks(
-        ledger, views, now, window=SUMMARY_WINDOW, instance=instance
+        ledger,
+        tasks_due_between(views, first_slot, slot),
+        now,
+        window=min(now - first_slot, SUMMARY_WINDOW),
+        instance=instance,
     )
     missed = {
         a.task_key: [format_due(d) for d in a.missed if d >= first_slot]
@@ -149,13 +162,54 @@ def _parse_iso(text: object) -> datetime | None:
         return None
 
 
-def _slot_cursor(cursor: str | None) -> tuple[datetime | None, datetime | None]:
-    """(slot evaluated last, when) from the sensor cursor; (None, None) when unset/garbled."""
+def tasks_due_between(views: Sequence[TaskView], start: datetime, end: datetime) -> list[TaskView]:
+    """The tasks with a due in ``[start, end)``: those whose latest finished due moved when
+    ``end`` is the current slot and ``start`` the previous evaluation's slot."""
+    return [v for v in views if expected_dues(v, start, end)]
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """What the previous evaluation left: its slot and time, a digest of the tasks it knew,
+    and the tasks whose check was not a success (None: unknown, evaluate every check)."""
+
+    slot: datetime | None = None
+    at: datetime | None = None
+    tasks: str | None = None
+    unsettled: frozenset[str] | None = None
+
+
+def _tasks_digest(views: Sequence[TaskView]) -> str:
+    keys = "\n".join(sorted(v.spec.key for v in views))
+    return hashlib.sha256(keys.encode()).hexdigest()[:16]
+
+
+def _slot_cursor(cursor: str | None) -> _Cursor:
+    """The previous evaluation's cursor; an empty one when unset or garbled."""
     try:
         data = json.loads(cursor) if cursor else {}
-        return _parse_iso(data.get("slot")), _parse_iso(data.get("at"))
-    except (ValueError, AttributeError):
-        return None, None
+        unsettled = data.get("unsettled")
+        return _Cursor(
+            _parse_iso(data.get("slot")),
+            _parse_iso(data.get("at")),
+            data.get("tasks") if isinstance(data.get("tasks"), str) else None,
+            frozenset(map(str, unsettled)) if isinstance(unsettled, list) else None,
+        )
+    except (ValueError, AttributeError, TypeError):
+        return _Cursor()
+
+
+def checks_to_evaluate(
+    views: Sequence[TaskView], previous: _Cursor, first_slot: datetime, slot: datetime
+) -> list[TaskView]:
+    """The tasks whose ``latest_due_accounted_for`` may have changed since ``previous``:
+    every task when the previous evaluation is unknown or knew other tasks; else those with
+    a due in ``[first_slot, slot)`` (their latest finished due moved) and those whose last
+    evaluation was not a success (a success is final)."""
+    if previous.unsettled is None or previous.tasks != _tasks_digest(views):
+        return list(views)
+    moved = {v.spec.key for v in tasks_due_between(views, first_slot, slot)}
+    return [v for v in views if v.spec.key in moved or v.spec.key in previous.unsettled]
 
 
 def build_slot_health_sensor(
@@ -181,18 +235,29 @@ def build_slot_health_sensor(
         context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
     ) -> dg.SensorResult:
         slot = floor_to_slot(now, slot_minutes)
-        last_slot, last_at = _slot_cursor(context.cursor)
-        if last_slot is not None and last_slot >= slot:
+        previous = _slot_cursor(context.cursor)
+        if previous.slot is not None and previous.slot >= slot:
             return dg.SensorResult(skip_reason=f"slot {format_due(slot)} already evaluated")
-        since = last_at if last_at is not None else now - SUMMARY_WINDOW
+        since = previous.at if previous.at is not None else now - SUMMARY_WINDOW
         health = slot_health(ledger, views, now, since, instance=context.instance)
-        cursor = json.dumps({"slot": format_due(slot), "at": iso(now, micro=True)})
-        # Every task asset's latest_due_accounted_for check, as of this slot's start, and
-        # the ledger's own checks on ledger_health (bounded queries each).
-        checks = [
-            check_evaluation(account_latest_due(v, ledger, now, instance=context.instance))
-            for v in views
+        # The latest_due_accounted_for checks that may have changed, as of this slot's
+        # start, and the ledger's own checks on ledger_health (bounded queries each).
+        first_slot = floor_to_slot(since, slot_minutes)
+        accounts = [
+            account_latest_due(v, ledger, now, instance=context.instance)
+            for v in checks_to_evaluate(views, previous, first_slot, slot)
         ]
+        # Every task left out was a success already (checks_to_evaluate): it stays one.
+        unsettled = {a.task_key for a in accounts if a.state != STATE_SUCCESS}
+        cursor = json.dumps(
+            {
+                "slot": format_due(slot),
+                "at": iso(now, micro=True),
+                "tasks": _tasks_digest(views),
+                "unsettled": sorted(unsettled),
+            }
+        )
+        checks = [check_evaluation(a) for a in accounts]
         checks += ledger_check_evaluations(ledger, context.instance, views, now)
         if health.healthy:
             return dg.SensorResult(

@@ -16,6 +16,7 @@ from sensor_support import fixture_module
 
 from orchestration.services.summary import ledger_summary, summary_markdown
 from resources.core import tags as t
+from resources.core.registry import Cron, EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
 from sensors.health import build_slot_health_sensor
 
@@ -263,3 +264,56 @@ def test_slot_health_warns_once_per_slot_listing_what_went_wrong(ledger, alerts)
     assert len(alerts) == 1
     _evaluate(ledger, at(23, 1), first.cursor)  # 22:45 never ran: that is news
     assert alerts[-1]["missed_dues"] == {"strict_task": ["2026-11-30T22:45:00Z"]}
+
+
+def _checked_tasks(result: dg.SensorResult) -> list[str]:
+    keys = [e.asset_key.to_user_string() for e in result.asset_events or []]
+    return sorted(k for k in keys if k != "ledger_health")
+
+
+def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_success(ledger):
+    # Issue 25: evaluating every task's check every slot cost O(tasks) per slot (5 s and 500
+    # stored evaluations at 500 tasks on 5-minute slots). A success is final, so a task's
+    # check changes only with its next due -- or while its entry is not a success.
+    specs = [
+        TaskSpec(
+            key="strict_task", rule=EverySlots(1), declared_cadence="slot", asset="strict_task"
+        ),
+        TaskSpec(
+            key="hourly_task",
+            rule=Cron("0 * * * *"),
+            declared_cadence="hourly",
+            asset="hourly_task",
+        ),
+    ]
+    both = build_views(specs, 15, "UTC")
+    for task in ("strict_task", "hourly_task"):
+        done = _due_entry(ledger, at(22, 0), task=task)
+        ledger.claim(done.id, f"run-{task}", lease_ttl=TTL, now=at(22, 0))
+        assert ledger.succeed(done.id, f"run-{task}", now=at(22, 1))
+
+    def tick(now: datetime, cursor: str | None) -> dg.SensorResult:
+        sensor = build_slot_health_sensor(both, clock=lambda: now)
+        with dg.build_sensor_context(
+            instance=dg.DagsterInstance.ephemeral(), cursor=cursor, resources={"ledger": ledger}
+        ) as context:
+            result = sensor(context)
+        assert isinstance(result, dg.SensorResult)
+        return result
+
+    first = tick(at(22, 16), None)  # no cursor: every check, both successes of 22:00
+    assert _checked_tasks(first) == ["hourly_task", "strict_task"]
+    assert json.loads(first.cursor or "")["unsettled"] == []
+    second = tick(at(22, 31), first.cursor)  # strict_task's 22:15 is its latest due now
+    assert _checked_tasks(second) == ["strict_task"]
+    assert json.loads(second.cursor or "")["unsettled"] == ["strict_task"]  # 22:15 missed
+    late = _due_entry(ledger, at(22, 15))  # its run came after all, and succeeded
+    ledger.claim(late.id, "run-late", lease_ttl=TTL, now=at(22, 32))
+    assert ledger.succeed(late.id, "run-late", now=at(22, 33))
+    third = tick(at(22, 46), second.cursor)  # strict_task again: its due moved (22:30)
+    assert _checked_tasks(third) == ["strict_task"]
+    fourth = tick(at(23, 16), third.cursor)  # 22:45 and 23:00 finished: hourly_task too
+    assert _checked_tasks(fourth) == ["hourly_task", "strict_task"]
+    # A cursor of the sensor before issue 25 (no unsettled list): every check once.
+    old = json.dumps({"slot": "2026-11-30T23:15:00Z", "at": at(23, 16).isoformat()})
+    assert _checked_tasks(tick(at(23, 31), old)) == ["hourly_task", "strict_task"]
