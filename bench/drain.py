@@ -113,6 +113,8 @@ class Workload:
     jobs: list[tuple[str, dict[str, str]]]  # round-robin (job name, tags per run)
     make_tags: Callable[[int], dict[str, str]] = field(default=lambda n: {})
     sample_data: bool = False
+    #: More PYTHONPATH entries after the root's (bench/scale.py: its generated task plugin).
+    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,9 @@ def measure(
         # A run launch waits for the worker process to start; on a loaded machine that can
         # outlast Dagster's 60 s gRPC deadline and fail the run before it starts.
         "DAGSTER_GRPC_TIMEOUT_SECONDS": os.environ.get("DAGSTER_GRPC_TIMEOUT_SECONDS", "300"),
-        "PYTHONPATH": os.pathsep.join([str(workload.root), str(_paths.ROOT / "tests")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(workload.root), str(_paths.ROOT / "tests"), *workload.paths]
+        ),
     }
     log = run_dir / "processes.log"
     bin_dir = Path(sys.executable).parent

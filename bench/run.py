@@ -21,6 +21,10 @@ script merges them:
   dueledger task jobs vs one-asset jobs (target ratio >= 0.85).
 - ``run_cost``: ``bench/run_cost.py`` -- CPU and peak memory of loading the code location
   and of one run of a task's job, vs a one-asset Dagster location (targets 1.30, 1.15).
+- ``scale``: ``bench/scale.py`` -- N = 10, 100, 500 generated tasks against plain Dagster
+  with as many jobs and cron schedules: load, scheduling per due, ``dagster dev`` CPU over
+  slot boundaries, due -> start latency, stored rows per day, drain, the ledger sensors'
+  tick on 10,000 and 100,000 entries (issue 25's targets).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -443,6 +447,22 @@ BENCHES: tuple[Bench, ...] = (
         "run_cost.py",
         ("--repeat", "2", "--tasks", "tick_every_slot,order_cleanup"),
         ("--repeat", "3", "--tasks", "all"),
+    ),
+    # Issue 25: N generated tasks against plain Dagster at the same N. Small: what CI runs
+    # (tests/bench/test_bench_scale.py), a few minutes; full: N = 10, 100, 500, 10-minute
+    # dagster dev windows on 5-minute slots, 40-run drains, 10,000/100,000-entry ledgers.
+    Bench(
+        "scale",
+        "scale.py",
+        (
+            *("--sizes", "2,10", "--session-sizes", "10", "--drain-sizes", "10"),
+            *("--slot-minutes", "1", "--window", "30", "--settle", "0", "--drain-runs", "4"),
+            *("--ledger-sizes", "1000,5000", "--sensor-rounds", "2", "--sched-repeat", "1"),
+        ),
+        (
+            *("--sizes", "10,100,500", "--slot-minutes", "5", "--window", "600"),
+            *("--settle", "30", "--drain-runs", "40", "--ledger-sizes", "10000,100000"),
+        ),
     ),
 )
 
