@@ -252,3 +252,35 @@ def test_an_aligned_cron_asks_for_the_same_dues_as_the_declared_one():
         aligned_fires = cron_fire_times(aligned, zone, start, end)
         assert {floor_to_slot(f, slot) for f in aligned_fires} == declared_dues, declared
         assert all(floor_to_slot(f, slot) == f for f in aligned_fires)  # fires at its due
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "* * * * *",
+        "*/5 * * * *",
+        "0 0 * * *",
+        "17 3 * * *",
+        "5,35 */6 * * *",
+        "*/13 2-5 * * *",
+        "45 23 * * *",
+        "0 * * * *",
+        "0-10/3 9-17/4 * * *",
+    ],
+)
+def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
+    # Issue 25: such a cron's sample is computed from its fields, not by stepping croniter
+    # (600 steps for a minute cron, in every process); it must be the very same instants.
+    from croniter import croniter
+
+    from resources.core.instants import as_utc
+    from resources.core.slots import _DAILY_SPAN, _SAMPLE_FIRES, _SAMPLE_START, _sample_fires
+
+    itr = croniter(cron, _SAMPLE_START.replace(tzinfo=None))
+    stepped = []
+    for _ in range(_SAMPLE_FIRES):
+        fire = as_utc(itr.get_next(datetime))
+        if fire - _SAMPLE_START > _DAILY_SPAN:
+            break
+        stepped.append(fire)
+    assert _sample_fires.__wrapped__(cron, "UTC") == tuple(stepped)
