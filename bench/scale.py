@@ -466,7 +466,7 @@ def sensor_rows(ledger_sizes: Sequence[int], rounds: int, work: Path) -> list[Ro
     rows = []
     for name, values in by_size[high].ms.items():
         reference = name == scale_sensors.SCAN
-        target = None if reference or name == "slot_health_sensor" else SENSOR_TARGET
+        target = None if reference else SENSOR_TARGET
         what = name if reference else f"one tick of {name}, ms"
         rows.append(
             Row(

@@ -10,8 +10,8 @@ resource, a real Dagster instance):
   (each becomes its entry's dispatch failure);
 - ``lease_reclaim_sensor``: ``CHANGES`` running entries whose lease expired;
 - ``redispatch_sensor``: ``CHANGES`` entries of the current slot ``dispatch_failed``;
-- ``slot_health_sensor``: its once-per-slot evaluation (reported, no target: it audits each
-  task's last day, so it follows the tasks and the day's entries, not the ledger's size).
+- ``slot_health_sensor``: its once-per-slot evaluation (the entries changed since its
+  previous one, the tasks due since then, the checks that may have changed).
 
 A sensor that reads only what changed costs the same on both sizes (ratio about 1); one
 that scans the ledger costs ten times more on ten times the entries -- as the reference row,

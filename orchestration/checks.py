@@ -4,7 +4,8 @@
 
 The check is evaluated from the ledger, never by running the task
 (orchestration/services/accounting.py): ``slot_health_sensor`` reports it at a slot's start
-for every task whose latest due moved or whose last evaluation was not a success, and
+for every task whose latest due moved, whose entry changed or whose last evaluation was not
+settled (sensors/health.py), and
 "Execute" on the check in the Catalog evaluates it on demand (a small run of the check
 alone). A failing check names why the latest due is not
 accounted for: missed, failed, dispatch_failed, a stale lease, or still queued after its

@@ -4,10 +4,11 @@ missed dues and queue backlog — nothing when all is well; and the task assets'
 (orchestration/checks.py), reported without a run.
 
 What one evaluation reads follows the dues of the slots since the previous one, not the
-number of tasks (issue 25): only tasks with a due in those slots are audited for missed
-dues, and a task's check is evaluated again only when its latest due moved or its last
-evaluation was not a success (the cursor names those tasks). A success is final, so a
-check that passed with it stands until the task's next due.
+number of tasks (issue 25): the entries that changed since then are one indexed read
+(``updated_at``), only tasks with a due in those slots are audited for missed dues, and a
+task's check is evaluated again only when its latest due moved, one of its entries changed,
+or its last evaluation was not settled (the cursor names those tasks). A success is final,
+so a check that passed with it stands until the task's next due.
 """
 
 from __future__ import annotations
@@ -21,17 +22,23 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.services.accounting import STATE_SUCCESS, account_latest_due, check_evaluation
+from orchestration.services.accounting import (
+    STATE_NEW,
+    STATE_NO_DUE,
+    STATE_SUCCESS,
+    account_latest_due,
+    check_evaluation,
+)
 from orchestration.services.alerts import Alerts
 from orchestration.services.audit import TaskAudit, audit_tasks, expected_dues
 from orchestration.services.ledger_checks import ledger_check_evaluations
-from orchestration.services.summary import SUMMARY_WINDOW, first_line, recent_entries
+from orchestration.services.summary import SUMMARY_WINDOW, first_line
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
 from resources.core.due import floor_to_slot, format_due
 from resources.core.instants import Clock, iso, utc_now
 from resources.core.registry import TaskView
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, RunLedger
+from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
 from sensors.support import ledger_sensor
 
 # --- slot health -----------------------------------------------------------------------------
@@ -101,14 +108,19 @@ def slot_health(
     since: datetime,
     *,
     instance: dg.DagsterInstance | None = None,
+    changed: Sequence[Entry] | None = None,
 ) -> SlotHealth:
     """Problems that appeared in ``[since, now)``: reclaims and dispatch failures by when
     they happened, missed dues of slots that ended since ``since``'s slot, and queue backlog
-    (runs queued for longer than a slot) as of ``now``."""
+    (runs queued for longer than a slot) as of ``now``. ``changed``: the entries updated
+    since ``since`` (read here when not given); a reclaim or a dispatch failure updates its
+    entry, so no other entry can hold one."""
     slot_minutes = views[0].slot_minutes if views else 15
     slot = floor_to_slot(now, slot_minutes)
     reclaims, failures = [], []
-    for e in recent_entries(ledger, since):
+    if changed is None:
+        changed = ledger.entries_updated_since(since)
+    for e in sorted(changed, key=lambda e: e.id):
         if (
             e.status == t.STATUS_FAILED
             and e.failure_kind == t.FAILURE_LEASE_RECLAIMED
@@ -199,17 +211,29 @@ def _slot_cursor(cursor: str | None) -> _Cursor:
         return _Cursor()
 
 
+#: Check states that stay as they are until the task's latest due moves or one of its
+#: entries changes: a success is final, and "no due yet" / "nothing ran here before that
+#: due" can only change with a new due or an entry for it.
+SETTLED_STATES: frozenset[str] = frozenset({STATE_SUCCESS, STATE_NO_DUE, STATE_NEW})
+
+
 def checks_to_evaluate(
-    views: Sequence[TaskView], previous: _Cursor, first_slot: datetime, slot: datetime
+    views: Sequence[TaskView],
+    previous: _Cursor,
+    first_slot: datetime,
+    slot: datetime,
+    changed_tasks: frozenset[str] = frozenset(),
 ) -> list[TaskView]:
     """The tasks whose ``latest_due_accounted_for`` may have changed since ``previous``:
     every task when the previous evaluation is unknown or knew other tasks; else those with
-    a due in ``[first_slot, slot)`` (their latest finished due moved) and those whose last
-    evaluation was not a success (a success is final)."""
+    a due in ``[first_slot, slot)`` (their latest finished due moved), those with an entry
+    that changed since (``changed_tasks``), and those whose last evaluation was not settled
+    (:data:`SETTLED_STATES`)."""
     if previous.unsettled is None or previous.tasks != _tasks_digest(views):
         return list(views)
-    moved = {v.spec.key for v in tasks_due_between(views, first_slot, slot)}
-    return [v for v in views if v.spec.key in moved or v.spec.key in previous.unsettled]
+    wanted = {v.spec.key for v in tasks_due_between(views, first_slot, slot)}
+    wanted |= changed_tasks | previous.unsettled
+    return [v for v in views if v.spec.key in wanted]
 
 
 def build_slot_health_sensor(
@@ -239,16 +263,19 @@ def build_slot_health_sensor(
         if previous.slot is not None and previous.slot >= slot:
             return dg.SensorResult(skip_reason=f"slot {format_due(slot)} already evaluated")
         since = previous.at if previous.at is not None else now - SUMMARY_WINDOW
-        health = slot_health(ledger, views, now, since, instance=context.instance)
+        # What changed since the previous evaluation: one indexed read (updated_at).
+        changed = ledger.entries_updated_since(since)
+        health = slot_health(ledger, views, now, since, instance=context.instance, changed=changed)
         # The latest_due_accounted_for checks that may have changed, as of this slot's
         # start, and the ledger's own checks on ledger_health (bounded queries each).
         first_slot = floor_to_slot(since, slot_minutes)
+        changed_tasks = frozenset(e.task_key for e in changed)
         accounts = [
             account_latest_due(v, ledger, now, instance=context.instance)
-            for v in checks_to_evaluate(views, previous, first_slot, slot)
+            for v in checks_to_evaluate(views, previous, first_slot, slot, changed_tasks)
         ]
-        # Every task left out was a success already (checks_to_evaluate): it stays one.
-        unsettled = {a.task_key for a in accounts if a.state != STATE_SUCCESS}
+        # Every task left out was settled already (checks_to_evaluate): it stays so.
+        unsettled = {a.task_key for a in accounts if a.state not in SETTLED_STATES}
         cursor = json.dumps(
             {
                 "slot": format_due(slot),

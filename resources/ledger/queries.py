@@ -80,6 +80,18 @@ class LedgerQueries(LedgerStore):
         with self._connect("autocommit") as conn:
             return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
+    def entries_updated_since(self, since: datetime) -> list[Entry]:
+        """Entries whose row changed at or after ``since`` (``updated_at``), oldest change
+        first: one range of index ``(updated_at)``, so the cost follows what changed, not
+        the ledger's size (slot_health_sensor's read)."""
+        query = (
+            sa.select(entries)
+            .where(entries.c.updated_at >= to_db(since, "since"))
+            .order_by(entries.c.updated_at, entries.c.id)
+        )
+        with self._connect("autocommit") as conn:
+            return [entry_from_row(r) for r in conn.execute(query).mappings()]
+
     def children(self, entry_id: int) -> list[Entry]:
         """Entries whose parent is ``entry_id`` (manual retries), oldest first."""
         query = (

@@ -88,9 +88,11 @@ entries = sa.Table(
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
     ),
-    # Migration e25a7c3f (issue 25): the re-dispatch sensor's read, one slot's entries of a
-    # few statuses, is an index range of exactly those rows whatever the ledger's size.
+    # Migration e25a7c3f (issue 25): what the sensors read each tick -- one slot's entries of
+    # a few statuses (re-dispatch), the entries changed since a time (slot health) -- are
+    # index ranges of exactly those rows whatever the ledger's size.
     sa.Index("ix_dueledger_entries_status_due", "status", "due"),
+    sa.Index("ix_dueledger_entries_updated_at", "updated_at"),
     sqlite_autoincrement=True,
 )
 

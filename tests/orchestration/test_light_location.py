@@ -92,3 +92,46 @@ def test_in_a_dagster_process_the_definitions_add_no_third_party_package_but_cro
     # Why SQLAlchemy is not deferred: Dagster's storage has imported it already. Should a
     # Dagster release make that lazy, deferring the ledger's would pay off: this says so.
     assert loaded["sqlalchemy_before"], "Dagster's instance no longer imports SQLAlchemy"
+
+
+# A run worker: instance, location, the run's job executed in process (its resources, the
+# claim, the step, the completion), then which heavy packages the process holds.
+_RUN_PROBE = """
+import json, sys
+import dagster as dg
+instance = dg.DagsterInstance.get()
+import orchestration.definitions as d
+result = d.defs.resolve_job_def(sys.argv[1]).execute_in_process(instance=instance)
+heavy = sorted(m for m in sys.argv[2:] if m in sys.modules)
+print(json.dumps({"ok": result.success, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("job", "heavy"), [("tick_every_slot_job", []), ("order_cleanup_job", ["numpy", "pandas"])]
+)
+def test_only_a_run_whose_asset_uses_pandas_imports_it(
+    tmp_path: Path, job: str, heavy: list[str]
+) -> None:
+    # Issue 25: every run worker loads the code location; a task whose asset does not use
+    # pandas must not pay for it (1.8 CPU-s without compiled bytecode). order_cleanup's
+    # domain rule does use it: the probe can tell.
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path),
+        "DUELEDGER_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        "DUELEDGER_SOURCE_URL": f"sqlite:///{tmp_path / 'source.sqlite'}",
+    }
+    seed = [str(Path(sys.executable).parent / "dueledger"), "sample-data", "--services", "5"]
+    subprocess.run(seed, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _RUN_PROBE, job, *HEAVY],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"ok": True, "heavy": heavy}

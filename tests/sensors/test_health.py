@@ -271,10 +271,7 @@ def _checked_tasks(result: dg.SensorResult) -> list[str]:
     return sorted(k for k in keys if k != "ledger_health")
 
 
-def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_success(ledger):
-    # Issue 25: evaluating every task's check every slot cost O(tasks) per slot (5 s and 500
-    # stored evaluations at 500 tasks on 5-minute slots). A success is final, so a task's
-    # check changes only with its next due -- or while its entry is not a success.
+def _two_cadences():
     specs = [
         TaskSpec(
             key="strict_task", rule=EverySlots(1), declared_cadence="slot", asset="strict_task"
@@ -286,34 +283,55 @@ def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_succ
             asset="hourly_task",
         ),
     ]
-    both = build_views(specs, 15, "UTC")
+    return build_views(specs, 15, "UTC")
+
+
+def _tick(ledger: RunLedger, views, now: datetime, cursor: str | None) -> dg.SensorResult:
+    sensor = build_slot_health_sensor(views, clock=lambda: now)
+    with dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), cursor=cursor, resources={"ledger": ledger}
+    ) as context:
+        result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_success(ledger):
+    # Issue 25: evaluating every task's check every slot cost O(tasks) per slot (5 s and 500
+    # stored evaluations at 500 tasks on 5-minute slots). A success is final, so a task's
+    # check changes only with its next due -- or while its entry is not a success.
+    both = _two_cadences()
     for task in ("strict_task", "hourly_task"):
         done = _due_entry(ledger, at(22, 0), task=task)
         ledger.claim(done.id, f"run-{task}", lease_ttl=TTL, now=at(22, 0))
         assert ledger.succeed(done.id, f"run-{task}", now=at(22, 1))
 
-    def tick(now: datetime, cursor: str | None) -> dg.SensorResult:
-        sensor = build_slot_health_sensor(both, clock=lambda: now)
-        with dg.build_sensor_context(
-            instance=dg.DagsterInstance.ephemeral(), cursor=cursor, resources={"ledger": ledger}
-        ) as context:
-            result = sensor(context)
-        assert isinstance(result, dg.SensorResult)
-        return result
-
-    first = tick(at(22, 16), None)  # no cursor: every check, both successes of 22:00
+    first = _tick(ledger, both, at(22, 16), None)  # no cursor: every check, both successes
     assert _checked_tasks(first) == ["hourly_task", "strict_task"]
     assert json.loads(first.cursor or "")["unsettled"] == []
-    second = tick(at(22, 31), first.cursor)  # strict_task's 22:15 is its latest due now
+    second = _tick(ledger, both, at(22, 31), first.cursor)  # strict_task's 22:15 is due now
     assert _checked_tasks(second) == ["strict_task"]
     assert json.loads(second.cursor or "")["unsettled"] == ["strict_task"]  # 22:15 missed
-    late = _due_entry(ledger, at(22, 15))  # its run came after all, and succeeded
-    ledger.claim(late.id, "run-late", lease_ttl=TTL, now=at(22, 32))
-    assert ledger.succeed(late.id, "run-late", now=at(22, 33))
-    third = tick(at(22, 46), second.cursor)  # strict_task again: its due moved (22:30)
+    third = _tick(ledger, both, at(22, 46), second.cursor)  # missed: evaluated again
     assert _checked_tasks(third) == ["strict_task"]
-    fourth = tick(at(23, 16), third.cursor)  # 22:45 and 23:00 finished: hourly_task too
+    fourth = _tick(ledger, both, at(23, 16), third.cursor)  # 23:00 finished: hourly_task too
     assert _checked_tasks(fourth) == ["hourly_task", "strict_task"]
     # A cursor of the sensor before issue 25 (no unsettled list): every check once.
     old = json.dumps({"slot": "2026-11-30T23:15:00Z", "at": at(23, 16).isoformat()})
-    assert _checked_tasks(tick(at(23, 31), old)) == ["hourly_task", "strict_task"]
+    assert _checked_tasks(_tick(ledger, both, at(23, 31), old)) == ["hourly_task", "strict_task"]
+
+
+def test_a_new_tasks_check_is_settled_until_its_due_moves_or_an_entry_of_it_changes(ledger):
+    # A fresh deployment: nothing ran before the latest due (state not_running_here_yet),
+    # which only a new due or an entry for it can change -- not something to read each slot.
+    both = _two_cadences()
+    first = _tick(ledger, both, at(22, 16), None)
+    assert _checked_tasks(first) == ["hourly_task", "strict_task"]
+    assert json.loads(first.cursor or "")["unsettled"] == []
+    second = _tick(ledger, both, at(22, 31), first.cursor)
+    assert _checked_tasks(second) == ["strict_task"]  # its due moved; hourly_task's did not
+    late = _due_entry(ledger, at(22, 0), task="hourly_task")  # its 22:00 run, late
+    ledger.claim(late.id, "run-late", lease_ttl=TTL, now=at(22, 40))
+    third = _tick(ledger, both, at(22, 46), second.cursor)
+    assert _checked_tasks(third) == ["hourly_task", "strict_task"]  # its entry changed
+    assert json.loads(third.cursor or "")["unsettled"] == ["hourly_task"]  # running
