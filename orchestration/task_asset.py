@@ -4,15 +4,16 @@ A task body is a generator of its materialization that gets the run it claimed::
 
     @task_asset("order_cleanup", group_name="hosting_automation", description="...")
     def order_cleanup(context, run: TaskRun, config: OrderCleanupConfig, source: SourceStore):
-        ...  # only runs when run.claimed: the entry is this run's
+        ...  # runs only once the run has claimed its entry
         yield dg.MaterializeResult(metadata={...})
 
 The factory writes what every task asset shares, once: the asset's name and its Dagster
 concurrency pool are the task key (DESIGN: overlap), the ``ledger`` resource is always
 required, the spec comes from the registered tasks (core and allowed plugin tasks,
 ``orchestration.services.task_plugins.registered_tasks``), and the body runs inside
-``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run yields nothing
-(``output_required=False``) and logs why. Every other parameter of the body (config,
+``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run never reaches
+the body: it ends CANCELED saying why (``output_required=False``: a run that does nothing
+materializes nothing). Every other parameter of the body (config,
 resources such as ``source`` or ``rules``) is Dagster's, exactly as on ``@dg.asset``; a
 body may also take ``ledger`` and ``hooks`` (the code location's plugin hooks).
 
@@ -65,8 +66,6 @@ class TaskAsset:
         ) -> Iterator[Any]:
             spec = require_task(registered_tasks(), task_key)
             with task_run(context, ledger, spec, hooks=hooks) as run:
-                if not run.claimed:
-                    return
                 if wants_ledger:
                     params[_LEDGER] = ledger
                 if wants_hooks:

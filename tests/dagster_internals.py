@@ -654,3 +654,18 @@ def schedule_start_times(instance: DagsterInstance) -> dict[str, float]:
         if state.instigator_name in running
         and isinstance(state.instigator_data, ScheduleInstigatorData)
     }
+
+
+def start_schedules(instance: DagsterInstance, target: CodeTarget, names: Collection[str]) -> None:
+    """Start the named schedules of ``target``'s code location, as the UI's toggle does
+    (``instance.start_schedule``: a RUNNING state whose start time is now)."""
+    with daemon_workspace(instance, target) as ctx:
+        request_context = ctx.create_request_context()
+        for entry in request_context.get_code_location_entries().values():
+            location = entry.code_location
+            if location is None:
+                continue
+            for repo in location.get_repositories().values():
+                for schedule in repo.get_schedules():
+                    if schedule.name in names:
+                        instance.start_schedule(schedule)

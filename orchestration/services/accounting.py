@@ -18,9 +18,11 @@ from typing import Any, Final
 import dagster as dg
 
 from orchestration.services.audit import expected_dues
+from orchestration.services.scheduling import scheduling_of
 from orchestration.services.summary import first_line
 from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot
+from resources.core.dues import DueVerdict, due_verdict
 from resources.core.registry import TaskView
 from resources.ledger import Entry, RunLedger
 
@@ -30,6 +32,7 @@ _MAX_LOOKBACK: Final = timedelta(days=8)
 
 STATE_NO_DUE: Final = "no_due_yet"
 STATE_NEW: Final = "not_running_here_yet"
+STATE_PAUSED: Final = "paused"
 STATE_SUCCESS: Final = "success"
 STATE_RUNNING: Final = "running"
 STATE_MISSED: Final = "missed"
@@ -100,10 +103,14 @@ def account_latest_due(
         return answer(STATE_NO_DUE, True, "no due of this task has a finished slot yet")
     entry = ledger.find(spec.key, due.key)
     if entry is None:
-        if not _ran_before(view, ledger, instance, due):
-            # A fresh deployment (or a new task): the slot before the first one it saw is
-            # not a missed due, as for the gap audit.
-            return answer(STATE_NEW, True, f"due {due}: no run of this task before it here")
+        # The gap audit's rule (resources/core/dues.py), so the check and `summary` agree:
+        # before the task's schedule first ran here, or paused, is not missed.
+        scheduling = scheduling_of(ledger, view, instance=instance)
+        verdict, why = due_verdict(due.at, scheduling, accounted=False)
+        if verdict is DueVerdict.NOT_EXPECTED:
+            return answer(STATE_NEW, True, f"due {due}: {why}")
+        if verdict is DueVerdict.PAUSED:
+            return answer(STATE_PAUSED, True, f"due {due}: {why}")
         return _without_entry(view, due, instance, answer)
     if entry.status == t.STATUS_SUCCESS:
         return answer(STATE_SUCCESS, True, f"due {due} succeeded (entry {entry.id})", entry)
@@ -134,23 +141,6 @@ def account_latest_due(
         f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}; "
         f"`dueledger runs show {entry.id}`",
         entry,
-    )
-
-
-def _ran_before(
-    view: TaskView, ledger: RunLedger, instance: dg.DagsterInstance | None, due: Due
-) -> bool:
-    """Whether anything of the task happened here before ``due``: an entry or a tagged run."""
-    page, _ = ledger.list_entries(task_key=view.spec.key, until=due.at, limit=1)
-    if page:
-        return True
-    if instance is None:
-        return False
-    return bool(
-        instance.get_run_records(
-            filters=dg.RunsFilter(tags={t.TAG_TASK: view.spec.key}, created_before=due.at),
-            limit=1,
-        )
     )
 
 

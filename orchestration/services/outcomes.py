@@ -206,7 +206,9 @@ def run_outcome(
     to (None: not a task run, or the run is gone)."""
     run_id = event_record.event_log_entry.run_id
     record = instance.get_run_record_by_id(run_id)
-    if record is None:
+    if record is None or record.dagster_run.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED:
+        # A run the ledger refused ended CANCELED by the ledger's own decision (recorded
+        # then): it never reached its task, and it is no dispatch failure.
         return None
     per_task = attributed_tags(record.dagster_run, views)
     if not per_task:
@@ -378,10 +380,10 @@ def settle_abandoned_retries(
                 f"not created it {RETRY_LOST_AFTER.total_seconds() / 60:g} minutes after the "
                 f"run ended: the retry was lost"
             )
-        elif state is RetryState.NOT_RETRIED and run.status == dg.DagsterRunStatus.SUCCESS:
+        elif state is RetryState.NOT_RETRIED and _refused(run):
             message = (
-                "the last run of the entry's retry chain succeeded without claiming the "
-                "entry (refused: nothing done), and Dagster retries only failed runs"
+                "the last run of the entry's retry chain was refused by the ledger without "
+                "claiming the entry (nothing done), and Dagster retries only failed runs"
             )
         elif state is RetryState.NOT_RETRIED and run.tags.get(t.DAGSTER_WILL_RETRY) == "false":
             message = "Dagster announced a retry of this run and then did not launch it"
@@ -403,6 +405,14 @@ def settle_abandoned_retries(
             if log is not None:
                 log.info(item.line())
     return done
+
+
+def _refused(run: dg.DagsterRun) -> bool:
+    """A run the ledger refused: CANCELED by the claim wrapper (before issue 23, such runs
+    ended SUCCESS with the same tag)."""
+    return run.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED or (
+        run.status == dg.DagsterRunStatus.SUCCESS
+    )
 
 
 def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:

@@ -26,6 +26,7 @@ from typing import NoReturn
 import dagster as dg
 
 from orchestration.services.dagster_runs import (
+    dagster_will_retry_failure,
     failed_ancestor,
     run_timed_out,
     turn_off_dagster_retries,
@@ -36,6 +37,7 @@ from orchestration.services.task_events import fire_task_event, record_creation_
 from orchestration.services.task_plugins import task_registry
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from resources.core import tags as t
+from resources.core.entries import ACTION_RUN_REFUSED
 from resources.core.fence import EffectGuard, FenceLost
 from resources.core.registry import TaskSpec
 from resources.core.requests import (
@@ -44,6 +46,7 @@ from resources.core.requests import (
     is_retry_of_a_dispatch_failure,
     task_is_registered,
     task_tags,
+    unissued_launch,
 )
 from resources.ledger import Entry, RunLedger
 from resources.ledger.fence import LedgerGuard
@@ -51,17 +54,15 @@ from resources.ledger.fence import LedgerGuard
 
 @dataclass(frozen=True)
 class TaskRun:
-    """What the task body gets: whether it may act, its entry, its "as of" instant, and the
-    key of the task whose asset runs (the key its side effects are written under)."""
+    """What the task body gets: the entry its run claimed, its "as of" instant, and the key of
+    the task whose asset runs (the key its side effects are written under)."""
 
-    claimed: bool
     entry: Entry
     as_of: datetime
     task_key: str
-    reason: str | None = None
-    #: Checks the run's fence in every side effect's transaction (None when not claimed):
-    #: pass it to the domain's write functions (resources/effects.py).
-    guard: EffectGuard | None = None
+    #: Checks the run's fence in every side effect's transaction: pass it to the domain's
+    #: write functions (resources/effects.py).
+    guard: EffectGuard
 
     @property
     def entry_key(self) -> str:
@@ -80,8 +81,10 @@ def task_run(
 ) -> Iterator[TaskRun]:
     """Claim the run's ledger entry, keep its lease alive, and record the outcome.
 
-    When the claim is refused (duplicate or late run) the body gets ``claimed=False``
-    and must do nothing: no side effect, no materialization. One log line says why.
+    The body gets the run it claimed. A run the ledger does not let act -- a duplicate or
+    late run, a refused UI re-execution, a manual launch of a task that is not manually
+    triggerable -- never reaches the body: it ends CANCELED with the reason as its message
+    and first log line, tagged ``dueledger/outcome=refused`` (:func:`end_refused_run`).
 
     Plugin hooks (``hooks``) fire around the body of a claimed run (``task_before``, then
     ``task_after`` or ``task_failed``); their outcomes are stored on the entry and never fail
@@ -98,11 +101,10 @@ def task_run(
     request, refusal = apply_reexecution_rule(context, ledger, spec, request)
     if refusal is not None:
         assert refusal.entry is not None  # a refusal names the parent's entry
-        context.log.warning(refusal.message)
-        _mark_run(context, refusal.entry, refused=True)
-        as_of = run_as_of(context, request)
-        yield TaskRun(False, refusal.entry, as_of, spec.key, refusal.message)
-        return
+        end_refused_run(context, ledger, refusal.message, refusal.entry, request)
+    unissued = unissued_launch(spec, request, context.run.tags)
+    if unissued is not None:
+        end_refused_run(context, ledger, unissued, None, request)
     entry = ledger.ensure_entry(
         task_key=request.task_key,
         trigger=request.trigger,
@@ -124,16 +126,14 @@ def task_run(
         if entry.status == t.STATUS_QUEUED:
             result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
-        context.log.warning(result.reason or f"entry {entry.id}: claim refused, nothing done")
-        _mark_run(context, result.entry, refused=True)
-        yield TaskRun(False, result.entry, as_of, spec.key, result.reason)
-        return
+        reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
+        end_refused_run(context, ledger, reason, result.entry, request)
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"
     )
     source = spec.source if spec.from_plugin else None
-    _mark_run(context, result.entry, refused=False, source=source)
+    _mark_run(context, ledger, result.entry, source=source)
     claimed = result.entry
     record_creation_hooks(context, ledger, request, claimed)
     fence = result.fence
@@ -142,7 +142,7 @@ def task_run(
     with _Heartbeat(ledger, entry.id, run_id, spec.lease_ttl) as beat:
         fire_task_event(context, ledger, hooks, TASK_BEFORE, claimed, as_of)
         try:
-            yield TaskRun(True, result.entry, as_of, spec.key, guard=guard)
+            yield TaskRun(result.entry, as_of, spec.key, guard)
         except BaseException as exc:
             if isinstance(exc, FenceLost):
                 # The entry moved on without this run (reclaimed while it was paused): not
@@ -152,7 +152,10 @@ def task_run(
                 turn_off_dagster_retries(context.instance, run_id, context.log)
             else:
                 error = f"{type(exc).__name__}: {exc}"
-                after = ledger.fail(entry.id, run_id, error=error)
+                # Rule 2: `retrying` only while a retry will really come (a launchpad run
+                # carries no dagster/max_retries, so Dagster retries none of its failures).
+                coming = dagster_will_retry_failure(context.instance, context.run)
+                after = ledger.fail(entry.id, run_id, error=error, retry_coming=coming)
                 context.log.error(f"entry {entry.id} {spec.key}: attempt failed -> {after.status}")
                 if after.is_terminal:
                     turn_off_dagster_retries(context.instance, run_id, context.log)
@@ -321,29 +324,76 @@ def partition_window_end(context: dg.AssetExecutionContext) -> datetime | None:
     return context.partition_time_window.end.astimezone(UTC)
 
 
+def end_refused_run(
+    context: dg.AssetExecutionContext,
+    ledger: RunLedger,
+    message: str,
+    entry: Entry | None,
+    request: EntryRequest,
+) -> NoReturn:
+    """The ledger does not let this run act: it does nothing and ends CANCELED, never a green
+    "Success" (docs/operators.md, "A run the ledger refused"). Its first log line and its
+    cancellation message say why; it is tagged ``dueledger/outcome=refused`` (with the entry
+    it was refused on and that entry's lineage), and the refusal is audited (action
+    ``run_refused``), which is what `dueledger summary` counts as ``refused_24h`` -- apart
+    from failures: Dagster does not retry a canceled run, and nothing counts it as failed."""
+    run_id = context.run.run_id
+    context.log.warning(f"refused by the ledger: {message}")
+    tags = {t.TAG_OUTCOME: t.OUTCOME_REFUSED}
+    if entry is not None:
+        tags |= {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(lineage_root(ledger, entry))}
+    try:
+        context.instance.add_run_tags(run_id, tags)
+    except Exception as exc:  # the ledger holds the truth; the tags make it findable
+        context.log.warning(f"could not tag run {run_id} as refused: {exc}")
+    ledger.write_audit(
+        operator=request.operator,
+        action=ACTION_RUN_REFUSED,
+        entry_id=entry.id if entry is not None else None,
+        reason=None,
+        checks={"run_id": run_id, "task_key": request.task_key, "dedup_key": request.dedup_key},
+        outcome=f"refused: {message}",
+    )
+    context.instance.report_run_canceling(context.run, message=f"refused: {message}")
+    # With the run CANCELING, Dagster ends it CANCELED (whichever executor runs the step).
+    raise dg.DagsterExecutionInterruptedError(f"refused by the ledger: {message}")
+
+
+def lineage_root(ledger: RunLedger, entry: Entry) -> int:
+    """The id of the entry at the top of ``entry``'s manual-retry lineage (itself if none)."""
+    seen = {entry.id}
+    root = entry
+    while root.parent_id is not None and root.parent_id not in seen:
+        parent = ledger.get(root.parent_id)
+        if parent is None:
+            return root.parent_id
+        seen.add(parent.id)
+        root = parent
+    return root.id
+
+
 def _mark_run(
-    context: dg.AssetExecutionContext, entry: Entry, *, refused: bool, source: str | None = None
+    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry, *, source: str | None
 ) -> None:
-    """Make the ledger navigable from the UI: tag the run with its entry, a refused run with
-    ``dueledger/outcome=refused``, a plugin task's run with ``dueledger/source`` (a UI launch
-    carries no job tags), and link the materialization to the entry's runs. Best effort:
-    the ledger already holds the truth."""
-    tags = {t.TAG_ENTRY: str(entry.id)}
-    if refused:
-        tags[t.TAG_OUTCOME] = t.OUTCOME_REFUSED
+    """Make the ledger navigable from the UI: tag the run with its entry and the entry's
+    lineage (the root's Runs filter then lists every retry too), a plugin task's run with
+    ``dueledger/source`` (a UI launch carries no job tags), and link the materialization to
+    both filters. Best effort: the ledger already holds the truth."""
+    root = lineage_root(ledger, entry)
+    tags = {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(root)}
     if source and context.run.tags.get(t.TAG_SOURCE) != source:
         tags[t.TAG_SOURCE] = source
     try:
         context.instance.add_run_tags(context.run.run_id, tags)
     except Exception as exc:
         context.log.warning(f"could not tag run {context.run.run_id} with its entry: {exc}")
-    if not refused:
-        context.add_asset_metadata(
-            {
-                "ledger_entry_runs": dg.MetadataValue.url(t.entry_runs_path(entry.id)),
-                "ledger_entry_cli": dg.MetadataValue.text(f"dueledger runs show {entry.id}"),
-            }
-        )
+    context.add_asset_metadata(
+        {
+            "ledger_entry_runs": dg.MetadataValue.url(t.entry_runs_path(entry.id)),
+            "ledger_lineage_runs": dg.MetadataValue.url(t.lineage_runs_path(root)),
+            "ledger_entry_cli": dg.MetadataValue.text(f"dueledger runs show {entry.id}"),
+        }
+    )
 
 
 class _Heartbeat:

@@ -59,6 +59,7 @@ _TOTALS: Final = {
     "manual_retry_24h": "manual_retry_window",
     "dispatch_failed_24h": "dispatch_failed_window",
     "lease_reclaimed_24h": "lease_reclaimed_window",
+    "refused_24h": "refused_window",
     "queued": "queued",
     "retrying": "retrying",
 }
@@ -68,6 +69,7 @@ TASK_COLUMNS: Final = (
     "failed_24h",
     "dispatch_failed_24h",
     "missed_24h",
+    "paused_24h",
     "stale",
     "active",
     "success_24h",
@@ -158,6 +160,7 @@ def ledger_summary(
                 **task_counts(entries, now, since),
                 "missed_24h": len(audit.missed) if audit else 0,
                 "missed_dues": [format_due(d) for d in audit.missed] if audit else [],
+                "paused_24h": len(audit.paused) if audit else 0,
                 "audited_since": iso(audit.start) if audit and audit.start else None,
                 "last_success_at": iso(max(successes)) if successes else None,
             }
@@ -165,6 +168,7 @@ def ledger_summary(
     return {
         **{name: int(counts[key]) for name, key in _TOTALS.items()},
         "missed_24h": sum(len(a.missed) for a in audits.values()),
+        "paused_24h": sum(len(a.paused) for a in audits.values()),
         "attention": attention_rows(by_task.values(), now, since),
         "as_of": iso(now),
         "window_hours": int(window.total_seconds() // 3600),
@@ -173,8 +177,17 @@ def ledger_summary(
             "active": "running entries whose lease is live",
             "stale": "running entries whose lease expired (the reclaim sensor fails them)",
             "missed_24h": (
-                "dues the task's rule implies in the window (from its first recorded run on) "
-                "with neither a ledger entry nor a Dagster run"
+                "dues the task's rule implies in the window, since its schedule first ran "
+                "here, with neither a ledger entry nor a Dagster run, and not paused"
+            ),
+            "paused_24h": (
+                "dues in the window inside a pause of their task (schedule stopped in the "
+                "Dagster UI, or paused): not run on purpose, not missed"
+            ),
+            "refused_24h": (
+                "runs the ledger did not let act (duplicate or late runs, refused "
+                "re-executions, manual launches of tasks that are not manually triggerable); "
+                "they end CANCELED and are not failures"
             ),
         },
     }
@@ -189,10 +202,15 @@ def attention_rows(
     entries_by_task: Iterable[Iterable[Entry]], now: datetime, since: datetime
 ) -> list[dict[str, Any]]:
     """The newest failed, dispatch_failed and stale entries of the window, one row each, with
-    the run to open and the Runs-page filter that lists every run of the entry."""
+    the run to open and the Runs-page filter that lists every run of the entry. An entry a
+    manual retry made good (a retry of it, or of its retries, succeeded) needs nothing more."""
+    everything = [e for entries in entries_by_task for e in entries]
+    resolved = retried_successfully(everything)
     rows = []
-    for entries in entries_by_task:
+    for entries in (everything,):
         for e in entries:
+            if e.id in resolved:
+                continue
             stale = (
                 e.status == t.STATUS_RUNNING
                 and e.lease_expires_at is not None
@@ -220,6 +238,22 @@ def attention_rows(
             )
     rows.sort(key=lambda r: (r["updated_at"] or "", r["entry_id"]), reverse=True)
     return rows[:ATTENTION_ROWS]
+
+
+def retried_successfully(entries: Iterable[Entry]) -> set[int]:
+    """Ids of the entries among ``entries`` that a manual retry made good: a child (or a
+    child's child...) among them succeeded."""
+    by_id = {e.id: e for e in entries}
+    resolved: set[int] = set()
+    for e in by_id.values():
+        if e.status != t.STATUS_SUCCESS:
+            continue
+        parent, seen = e.parent_id, set()
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            resolved.add(parent)
+            parent = by_id[parent].parent_id if parent in by_id else None
+    return resolved
 
 
 def _attention_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -255,6 +289,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
             "manual_retry_24h",
             "dispatch_failed_24h",
             "missed_24h",
+            "paused_24h",
+            "refused_24h",
         )
     )
     lines = [
@@ -289,7 +325,7 @@ def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
         dg.TableRecord({c: (row[c] if c in int_columns else (row[c] or "")) for c in TASK_COLUMNS})
         for row in summary["tasks"]
     ]
-    numbers = {k: int(summary[k]) for k in (*_TOTALS, "missed_24h")}
+    numbers = {k: int(summary[k]) for k in (*_TOTALS, "missed_24h", "paused_24h")}
     attention = [
         dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
         for row in summary.get("attention", [])

@@ -167,3 +167,33 @@ def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec])
     asset stayed): such a run is unsupported.
     """
     return task_key == spec.key or find_task(tasks, task_key) is not None
+
+
+def unissued_launch(spec: TaskSpec, request: EntryRequest, tags: Mapping[str, str]) -> str | None:
+    """Why a run of ``spec``'s task may not act: the task is not manually triggerable and the
+    run was not launched by anything dueledger issued. None: it may act.
+
+    Issued are: a run of the task's own schedule (Dagster tags it ``dagster/schedule_name``),
+    a run of a sensor (``dagster/sensor_name``: re-dispatch, catch-up) and a backfill run
+    (``dagster/backfill``); Dagster copies these tags onto its automatic retries. A manual
+    retry is the retry rules' to decide (they check the manual trigger themselves). Anything
+    else -- the launchpad, "Materialize", GraphQL ``launchRun``, ``dagster job launch``, a
+    run with hand-typed dueledger tags -- is a manual launch, whatever it claims to be.
+    """
+    if spec.manual_trigger or request.trigger == t.TRIGGER_MANUAL_RETRY:
+        return None
+    if request.trigger == t.TRIGGER_BACKFILL and tags.get(t.DAGSTER_BACKFILL):
+        return None
+    if request.trigger == t.TRIGGER_SCHEDULE and tags.get(t.DAGSTER_SCHEDULE_NAME) == (
+        spec.schedule_name
+    ):
+        return None
+    if request.trigger == t.TRIGGER_SENSOR and tags.get(t.DAGSTER_SENSOR_NAME):
+        return None
+    who = request.operator or UI_OPERATOR
+    return (
+        f"task {spec.key!r} is not manually triggerable: only its schedule, dueledger's "
+        f"sensors and backfills run it, and this run was launched by hand (operator {who}); "
+        f"it does nothing. Set manual_trigger=True in orchestration/tasks.py if manual runs "
+        f"are safe for it"
+    )

@@ -208,13 +208,27 @@ def holds(entry: EntryState, fence: Fence, *, effect: str) -> Decision:
     )
 
 
-def will_retry(entry: EntryState, kind: str) -> bool:
-    """A failed attempt is retried while attempts are left, never for an unsupported task."""
-    return entry.attempt < entry.max_attempts and kind != tags.FAILURE_UNSUPPORTED_TASK
+def will_retry(entry: EntryState, kind: str, *, retry_coming: bool = True) -> bool:
+    """A failed attempt is retried while attempts are left and a retry will really come
+    (``retry_coming``: Dagster will launch one), never for an unsupported task."""
+    return (
+        retry_coming
+        and entry.attempt < entry.max_attempts
+        and kind != tags.FAILURE_UNSUPPORTED_TASK
+    )
 
 
-def fail(entry: EntryState, run_id: str, *, kind: str, error: str, now: datetime) -> Decision:
-    """The owner's run failed: ``running -> retrying`` with attempts left, else ``failed``.
+def fail(
+    entry: EntryState,
+    run_id: str,
+    *,
+    kind: str,
+    error: str,
+    now: datetime,
+    retry_coming: bool = True,
+) -> Decision:
+    """The owner's run failed: ``running -> retrying`` with attempts left and a retry coming
+    (DESIGN rule 2: ``retrying`` only while a retry will really come), else ``failed``.
 
     A retrying entry is not finished: only the last attempt stamps ``finished_at``.
     """
@@ -225,7 +239,7 @@ def fail(entry: EntryState, run_id: str, *, kind: str, error: str, now: datetime
             f"late failure report from run {run_id} ({kind}: {first_line}): "
             f"{who(entry)} is {state_words(entry)}; nothing changed"
         )
-    retry = will_retry(entry, kind)
+    retry = will_retry(entry, kind, retry_coming=retry_coming)
     changes: dict[str, Any] = {
         "status": tags.STATUS_RETRYING if retry else tags.STATUS_FAILED,
         "failure_kind": kind,

@@ -18,9 +18,13 @@ TAG_REASON: Final = "dueledger/reason"
 TAG_PARENT_ENTRY: Final = "dueledger/parent_entry"
 #: Added to a run when it claims an entry: the Runs page's tag filter lists every attempt.
 TAG_ENTRY: Final = "dueledger/entry"
-#: Added to a run the ledger refused (duplicate, late, rule), so it is not a silent green.
+#: Added to a run the ledger did not let act (duplicate, late, a rule), so it is never a
+#: silent green: such a run ends CANCELED with the reason as its message (docs/operators.md).
 TAG_OUTCOME: Final = "dueledger/outcome"
 OUTCOME_REFUSED: Final = "refused"
+#: On every run of an entry's lineage (its attempts, retries, manual retries and their
+#: children): the root entry id, so the root's Runs filter lists every run that followed it.
+TAG_LINEAGE: Final = "dueledger/lineage"
 #: On runs of a task an installed plugin contributes: ``plugin:<name>``, so a ledger entry
 #: still names its plugin after the plugin is gone (core tasks' runs carry no such tag).
 TAG_SOURCE: Final = "dueledger/source"
@@ -85,6 +89,7 @@ DAGSTER_RETRY_NUMBER: Final = "dagster/retry_number"
 DAGSTER_AUTO_RETRY_RUN_ID: Final = "dagster/auto_retry_run_id"
 DAGSTER_WILL_RETRY: Final = "dagster/will_retry"
 DAGSTER_MAX_RETRIES: Final = "dagster/max_retries"
+DAGSTER_RETRY_ON_ASSET_OR_OP_FAILURE: Final = "dagster/retry_on_asset_or_op_failure"
 DAGSTER_MAX_RUNTIME: Final = "dagster/max_runtime"
 DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"
 
@@ -93,6 +98,12 @@ DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"
 def run_path(run_id: str) -> str:
     """The Dagster UI page of one run."""
     return f"/runs/{quote(run_id)}"
+
+
+def lineage_runs_path(root_entry_id: int) -> str:
+    """The Dagster UI's Runs page filtered on ``dueledger/lineage=<root>``: every run of the
+    root entry and of every retry that descends from it, refused ones included."""
+    return "/runs?" + urlencode({"q[0]": f"tag:{TAG_LINEAGE}={root_entry_id}"})
 
 
 def entry_runs_path(entry_id: int) -> str:

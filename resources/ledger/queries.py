@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import tags
-from resources.core.entries import DEFAULT_LIST_LIMIT, origin_of
+from resources.core.entries import ACTION_RUN_REFUSED, DEFAULT_LIST_LIMIT, origin_of
 from resources.core.entry import Entry
 from resources.core.instants import iso
 from resources.ledger.model import (
@@ -128,21 +128,28 @@ class LedgerQueries(LedgerStore):
             .order_by(audit.c.id)
         )
         with self._connect("autocommit") as conn:
-            rows = list(conn.execute(query).mappings())
-        return [
-            {
-                "id": int(r["id"]),
-                "at": iso(from_db(r["at"]), micro=True),
-                "operator": r["operator"],
-                "action": r["action"],
-                "entry_id": r["entry_id"],
-                "child_entry_id": r["child_entry_id"],
-                "reason": r["reason"],
-                "checks": r["checks"],
-                "outcome": r["outcome"],
-            }
-            for r in rows
-        ]
+            return [_audit_json(r) for r in conn.execute(query).mappings()]
+
+    def first_activity(self, task_key: str) -> datetime | None:
+        """When the task first did anything here: its oldest entry's creation (the head of the
+        (task, created_at) index, so one index probe however long the ledger)."""
+        first = sa.func.min(entries.c.created_at)
+        query = sa.select(first).where(entries.c.task_key == task_key)
+        with self._connect("autocommit") as conn:
+            return from_db(conn.execute(query).scalar())
+
+    def recent_audit(
+        self, *, action: str | None = None, since: datetime | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` audit records (of ``action``, at or after ``since``), oldest
+        first: also those that name no entry (a refused manual launch has none)."""
+        query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if action is not None:
+            query = query.where(audit.c.action == action)
+        if since is not None:
+            query = query.where(audit.c.at >= to_db(since, "since"))
+        with self._connect("autocommit") as conn:
+            return [_audit_json(r) for r in conn.execute(query).mappings()][::-1]
 
     def summary_counts(
         self, *, now: datetime | None = None, window: timedelta = timedelta(hours=24)
@@ -153,7 +160,8 @@ class LedgerQueries(LedgerStore):
         the reclaim sensor will fail); ``queued`` / ``retrying``: waiting now. Over the last
         ``window``: ``failed`` / ``success`` / ``lease_reclaimed`` by ``finished_at``,
         ``dispatch_failed`` by ``updated_at`` (the last launch failure), ``manual_retry``
-        entries by ``created_at``. Keys of the windowed counts end in ``_window``.
+        entries by ``created_at``; ``refused``: runs the ledger did not let act (audited as
+        ``run_refused``) by the audit's time. Keys of the windowed counts end in ``_window``.
         """
         if not isinstance(window, timedelta) or window <= timedelta(0):
             raise ValueError(f"window must be a positive timedelta, got {window!r}")
@@ -181,8 +189,31 @@ class LedgerQueries(LedgerStore):
             ),
         }
         count = sa.select(sa.func.count()).select_from(entries)
+        # Runs the ledger refused (each audited once, by the claim wrapper): by the audit's
+        # time index, apart from every failure count above.
+        refused = (
+            sa.select(sa.func.count())
+            .select_from(audit)
+            .where(audit.c.at >= since, audit.c.action == ACTION_RUN_REFUSED)
+        )
         with self._connect("autocommit") as conn:
-            return {
+            counts = {
                 name: int(conn.execute(count.where(cond)).scalar_one())
                 for name, cond in where.items()
             }
+            counts["refused_window"] = int(conn.execute(refused).scalar_one())
+            return counts
+
+
+def _audit_json(row: Any) -> dict[str, Any]:
+    return {
+        "id": int(row["id"]),
+        "at": iso(from_db(row["at"]), micro=True),
+        "operator": row["operator"],
+        "action": row["action"],
+        "entry_id": row["entry_id"],
+        "child_entry_id": row["child_entry_id"],
+        "reason": row["reason"],
+        "checks": row["checks"],
+        "outcome": row["outcome"],
+    }

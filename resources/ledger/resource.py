@@ -13,10 +13,11 @@ import dagster as dg
 import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.queries import LedgerQueries
+from resources.ledger.scheduling import LedgerScheduling
 from resources.ledger.transitions import LedgerTransitions
 
 
-class RunLedger(LedgerTransitions, LedgerQueries, LedgerAlertDeliveries):
+class RunLedger(LedgerTransitions, LedgerQueries, LedgerAlertDeliveries, LedgerScheduling):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 
     No database I/O happens when the resource is defined: the engine is created on first use.

@@ -24,6 +24,8 @@ from sqlalchemy.dialects import postgresql
 ENTRIES_TABLE: Final = "dueledger_entries"
 AUDIT_TABLE: Final = "dueledger_audit"
 ALERT_DELIVERIES_TABLE: Final = "dueledger_alert_deliveries"
+SCHEDULES_TABLE: Final = "dueledger_schedules"
+PAUSES_TABLE: Final = "dueledger_pauses"
 #: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
 #: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
 VERSION_TABLE: Final = "dueledger_alembic_version"
@@ -139,5 +141,37 @@ alert_deliveries = sa.Table(
         postgresql_where=sa.text("next_attempt_at IS NOT NULL"),
         sqlite_where=sa.text("next_attempt_at IS NOT NULL"),
     ),
+    sqlite_autoincrement=True,
+)
+
+# Migration 0005: each task's schedule as the scheduler ran it (mirrored from Dagster's
+# schedule state by the outcome sensor), and every pause of a task (closed, never deleted).
+schedules = sa.Table(
+    SCHEDULES_TABLE,
+    metadata,
+    sa.Column("task_key", sa.String(200), primary_key=True),
+    sa.Column("schedule_name", sa.String(300), nullable=False),
+    # running | stopped, as Dagster last reported it
+    sa.Column("status", sa.String(16), nullable=False),
+    # The earliest start of the schedule seen here: no due before it was expected.
+    sa.Column("first_started_at", sa.DateTime(), nullable=True),
+    sa.Column("started_at", sa.DateTime(), nullable=True),
+    sa.Column("observed_at", sa.DateTime(), nullable=False),
+)
+
+pauses = sa.Table(
+    PAUSES_TABLE,
+    metadata,
+    sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    sa.Column("task_key", sa.String(200), nullable=False),
+    # schedule_stopped (the Dagster UI's toggle) | cli | pause_after_failures
+    sa.Column("source", sa.String(32), nullable=False),
+    sa.Column("paused_at", sa.DateTime(), nullable=False),
+    sa.Column("paused_by", sa.String(200), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("resumed_at", sa.DateTime(), nullable=True),
+    sa.Column("resumed_by", sa.String(200), nullable=True),
+    sa.Column("resume_reason", sa.Text(), nullable=True),
+    sa.Index("ix_dueledger_pauses_task", "task_key", "paused_at"),
     sqlite_autoincrement=True,
 )

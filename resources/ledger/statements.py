@@ -24,9 +24,13 @@ _B_NOW = sa.bindparam("b_now", type_=sa.DateTime())
 _B_EXPIRES = sa.bindparam("b_expires", type_=sa.DateTime())
 _B_KIND = sa.bindparam("b_kind", type_=sa.String())
 _B_ERROR = sa.bindparam("b_error", type_=sa.Text())
+_B_RETRY = sa.bindparam("b_retry", type_=sa.Boolean())
 _HAS_ATTEMPTS_LEFT = entries.c.attempt < entries.c.max_attempts
-# An unsupported task can never run again, whatever attempts are left: fail it for good.
-_WILL_RETRY = sa.and_(_HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK)
+# An unsupported task can never run again, whatever attempts are left: fail it for good; and
+# an attempt no retry will follow (b_retry false: Dagster will not launch one) is final.
+_WILL_RETRY = sa.and_(
+    _HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK, sa.true() == _B_RETRY
+)
 _B_TOKEN = sa.bindparam("b_token", type_=sa.BigInteger())
 _OWNED_AND_RUNNING = (
     entries.c.id == _B_ID,

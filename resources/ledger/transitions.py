@@ -220,13 +220,16 @@ class LedgerTransitions(LedgerStore):
         error: str,
         kind: str = tags.FAILURE_ERROR,
         now: datetime | None = None,
+        retry_coming: bool = True,
     ) -> Entry:
         """The owner's run failed: ``running -> retrying`` with attempts left, else ``failed``.
 
         ``kind`` is ``error``, ``timeout`` or ``unsupported_task`` (always ``failed``: a task
-        the code location no longer declares cannot be retried). The error is kept
-        (truncated to 4000 characters). From anyone but the running owner this is a late
-        report: recorded as a rejection, state untouched (success is never overwritten).
+        the code location no longer declares cannot be retried). ``retry_coming`` False: no
+        retry will be launched (Dagster will not retry the run), so the attempt is final.
+        The error is kept (truncated to 4000 characters). From anyone but the running owner
+        this is a late report: recorded as a rejection, state untouched (success is never
+        overwritten).
         Returns the entry after the call.
         """
         check_run_id(run_id)
@@ -249,13 +252,17 @@ class LedgerTransitions(LedgerStore):
             "b_now": to_db(at, "now"),
             "b_kind": kind,
             "b_error": text,
+            "b_retry": bool(retry_coming),
         }
         row = self._hot("fail", params, returning=True)
         if row is not None:
             return entry_from_row(row)
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            reason = rules.fail(entry, run_id, kind=kind, error=text, now=at).refusal or (
+            decision = rules.fail(
+                entry, run_id, kind=kind, error=text, now=at, retry_coming=retry_coming
+            )
+            reason = decision.refusal or (
                 f"late failure report from run {run_id} ({kind}): {who(entry)} changed "
                 f"meanwhile; nothing changed"
             )

@@ -38,7 +38,8 @@ def test_a_task_run_is_one_process(tmp_path: Path) -> None:
         "DUELEDGER_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
         "DUELEDGER_SOURCE_URL": f"sqlite:///{tmp_path / 'source.sqlite'}",
     }
-    command = ["job", "execute", "-m", "orchestration.definitions", "-j", "tick_every_minute_job"]
+    # A manually triggerable task: `dagster job execute` is a manual launch.
+    command = ["job", "execute", "-m", "orchestration.definitions", "-j", "ledger_health_job"]
     proc = subprocess.run(
         [str(DAGSTER), *command],
         cwd=ROOT,

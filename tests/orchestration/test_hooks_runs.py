@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 from hook_support import SwappableHooks
+from run_support import refused, scheduled
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.catalog import task_views
@@ -56,9 +57,8 @@ PROBE = TaskSpec(
 
 @dg.asset(name="hook_probe")
 def hook_probe(context: dg.AssetExecutionContext, ledger: RunLedger):
-    with task_run(context, ledger, PROBE, hooks=HOOKS) as run:
-        if run.claimed:
-            raise ValueError("the source is down")
+    with task_run(context, ledger, PROBE, hooks=HOOKS):
+        raise ValueError("the source is down")
 
 
 @dataclass
@@ -100,6 +100,10 @@ def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance):
 
 
 def materialize(asset, ledger, instance, tags, **kw):
+    """Execute the asset in process as its run would: a scheduled request's run carries the
+    schedule's name, which the daemon adds when it launches it."""
+    if tags.get(t.TAG_TRIGGER) == t.TRIGGER_SCHEDULE:
+        tags = scheduled(tags)
     return dg.materialize([asset], resources={"ledger": ledger}, instance=instance, tags=tags, **kw)
 
 
@@ -184,8 +188,8 @@ def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
     assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
     asset = TICK_ASSETS[task_key]
     first = materialize(asset, ledger, instance, request.tags)
-    duplicate = materialize(asset, ledger, instance, request.tags)
-    assert first.success and duplicate.success
+    duplicate = materialize(asset, ledger, instance, request.tags, raise_on_error=False)
+    assert first.success and refused(instance, duplicate.run_id)
     assert recorder.events().count(event) == 1
     assert recorder.one(event).slot == DUE_KEY
     entry = ledger.find(task_key, f"due:{DUE_KEY}")
@@ -268,7 +272,13 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
 ):
     recorder = Recorder()
     install(recorder.listener())
-    tags = {t.TAG_TASK: "hook_probe", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE_KEY}
+    tags = {
+        t.TAG_TASK: "hook_probe",
+        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_DUE: DUE_KEY,
+        # As a task job's run tags set it: Dagster will retry a failure twice.
+        t.DAGSTER_MAX_RETRIES: "2",
+    }
     run = materialize(hook_probe, ledger, instance, tags, raise_on_error=False)
     assert not run.success
     assert recorder.events() == [hooks.TASK_BEFORE, hooks.TASK_FAILED]

@@ -846,15 +846,17 @@ def _failed_run(instance: dg.DagsterInstance, *, parent: dg.DagsterRun | None = 
 
 
 def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying(ledger):
-    # The safety net for a retry refused as a duplicate: the chain's last run succeeded
-    # without claiming, so Dagster will never retry it. The entry must not wait in
+    # The safety net for a retry refused as a duplicate: the chain's last run ended without
+    # claiming (CANCELED by the ledger), so Dagster will never retry it. The entry must not wait in
     # `retrying` forever: it becomes dispatch_failed, which the re-dispatch sensor takes up.
     with dg.instance_for_test() as instance:
         run, _ = _failed_run(instance)
         entry = _claimed(ledger, run.run_id)
         ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
         refused, _ = _failed_run(instance, parent=run)
-        # The retry ran and was refused: it ends SUCCESS (its last status event counts).
+        # The retry ran and was refused: it ends CANCELED, tagged refused (the claim wrapper's
+        # end_refused_run), its last status event the cancellation.
+        instance.add_run_tags(refused.run_id, {t.TAG_OUTCOME: t.OUTCOME_REFUSED})
         instance.handle_new_event(
             dg.EventLogEntry(
                 error_info=None,
@@ -863,12 +865,12 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
                 run_id=refused.run_id,
                 timestamp=LATER.timestamp(),
                 dagster_event=dg.DagsterEvent(
-                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value,
+                    event_type_value=dg.DagsterEventType.RUN_CANCELED.value,
                     job_name=_NOOP_JOB.name,
                 ),
             )
         )
-        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.SUCCESS
+        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.CANCELED
 
         (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER)
         assert done.action is Action.DISPATCH_FAILED
@@ -876,7 +878,7 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
         assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
         (failure,) = after.summary["dispatch_failures"]
         assert failure["run_id"] == refused.run_id
-        assert "succeeded without claiming" in failure["error"]
+        assert "was refused by the ledger without claiming" in failure["error"]
         assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER) == []
 
 
