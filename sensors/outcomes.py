@@ -53,6 +53,7 @@ from orchestration.services.dagster_runs import (
     dagster_retry_state,
     newest_automatic_retry,
 )
+from orchestration.services.stranded import redo_command
 from orchestration.services.unsupported import (
     end_unsupported,
     unsupported_alert,
@@ -62,6 +63,7 @@ from orchestration.task_plugins import task_registry
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST, entry_subject
 from resources.core.due import Due
+from resources.core.entries import ORIGIN_DUE
 from resources.core.slots import floor_to_slot, format_due
 from resources.ledger import (
     DEFAULT_MAX_ATTEMPTS,
@@ -556,6 +558,9 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
                 f"{entry.task_key}_redispatch_sensor; see `dueledger runs show {entry.id}`"
+                if entry.origin == ORIGIN_DUE
+                # A manual launch or retry is re-dispatched by repeating its request.
+                else f"{redo_command(entry)}; see `dueledger runs show {entry.id}`"
             ),
         }
     return None
