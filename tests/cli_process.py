@@ -7,6 +7,7 @@ Also: every text value stored in a database's tables, to search them for a plant
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -72,17 +73,25 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 120
     )
 
 
+@functools.cache
+def _engine(url: str) -> sa.Engine:
+    return sa.create_engine(url, poolclass=sa.pool.NullPool)
+
+
+@functools.cache
+def _tables(url: str) -> tuple[sa.Table, ...]:
+    metadata = sa.MetaData()
+    metadata.reflect(_engine(url))
+    return tuple(metadata.sorted_tables)
+
+
 def stored_text(url: str) -> list[str]:
-    """Every row of every table of the database at ``url``, each as text (``table: row``)."""
-    engine = sa.create_engine(url)
-    try:
-        metadata = sa.MetaData()
-        metadata.reflect(engine)
-        with engine.connect() as conn:
-            return [
-                f"{table.name}: {tuple(row)}"
-                for table in metadata.sorted_tables
-                for row in conn.execute(sa.select(table))
-            ]
-    finally:
-        engine.dispose()
+    """Every row of every table of the database at ``url``, each as text (``table: row``).
+    The tables are read from the database once per URL (a fuzz calls this per example)."""
+    engine = _engine(url)
+    with engine.connect() as conn:
+        return [
+            f"{table.name}: {tuple(row)}"
+            for table in _tables(url)
+            for row in conn.execute(sa.select(table))
+        ]

@@ -118,8 +118,9 @@ def _check_plain_variable(variable: str, value: str | None, *, secret: bool = Fa
         raise SettingsError(f"{variable}{shown} {problem}; set it to plain text")
 
 
-def check_shared_database(variable: str, url: str) -> None:
-    """SettingsError when ``url`` is a SQLite database that other processes cannot share.
+def check_database_url(variable: str, url: str) -> None:
+    """SettingsError when ``url`` cannot be the shared database it must be: a host or port
+    that cannot be read, or a SQLite database other processes cannot share.
 
     The ledger and the source store are shared by the daemon, every run and every CLI call.
     An in-memory database (``sqlite://``, ``:memory:``, ``mode=memory``) lives and dies
@@ -130,6 +131,15 @@ def check_shared_database(variable: str, url: str) -> None:
         parsed = make_url(url)
     except ArgumentError:
         return  # the engine names a URL it cannot parse
+    except ValueError:  # e.g. `@[::1/db`: the port is read from what follows the colon
+        raise SettingsError(
+            f"{variable}={mask_url(url)} has a host or port that cannot be read (an IPv6 "
+            f"address is written in brackets: postgresql+psycopg2://user:pw@[::1]:5432/db)"
+        ) from None
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise SettingsError(f"{variable}={mask_url(url)} has a port outside 1-65535")
+    if parsed.host is not None and any(c.isspace() for c in parsed.host):
+        raise SettingsError(f"{variable}={mask_url(url)} has a space in its host name")
     if parsed.get_backend_name() != "sqlite":
         return
     database = parsed.database or ""
@@ -171,7 +181,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     for variable, url in ((ENV_DATABASE_URL, ledger_url), (ENV_SOURCE_URL, source_url)):
         check_userinfo(variable, url)
         if env.get(variable):  # the defaults are files under DAGSTER_HOME
-            check_shared_database(variable, url)
+            check_database_url(variable, url)
     environment = "local" if ledger_url.startswith("sqlite") else "production"
     return Settings(
         environment=environment,
@@ -224,7 +234,7 @@ def mask_url(url: str) -> str:
     secret-looking query value (``?password=...``) replaced by ``***``."""
     try:
         parsed = make_url(_mask_unencoded_userinfo(url))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return "<unparseable database URL>"
     secret = {
         key: "***"

@@ -334,7 +334,8 @@ def test_dev_zero_as_a_configuration_file_fails_fast_naming_the_variable(
     assert ran.code == 0, ran.output
     errors = [e["error"] for e in ran.json()["load_errors"]]
     assert errors == [
-        "DUELEDGER_HOOKS_FILE=/dev/zero: a device, pipe or socket, not a regular file; name a TOML file"
+        "DUELEDGER_HOOKS_FILE=/dev/zero: a device, pipe or socket, not a regular file; "
+        "name a TOML file"
     ]
 
 
@@ -467,11 +468,11 @@ def test_repeating_a_manual_launch_whose_run_was_canceled_re_dispatches_it(
         assert instance.run_coordinator.cancel_run(run_id)
         # ledger_outcome_sensor's real evaluation records the dispatch failure.
         sensor = build_outcome_sensor(task_views())
-        with caplog.at_level(logging.WARNING, logger="dueledger.alerts"):
-            with dg.build_sensor_context(
-                instance=instance, resources={"ledger": box.ledger}
-            ) as ctx:
-                sensor(ctx)
+        with (
+            caplog.at_level(logging.WARNING, logger="dueledger.alerts"),
+            dg.build_sensor_context(instance=instance, resources={"ledger": box.ledger}) as ctx,
+        ):
+            sensor(ctx)
         entry = box.ledger.get(entry_id)
         assert entry is not None and entry.status == t.STATUS_DISPATCH_FAILED
         (alert,) = [json.loads(r.getMessage()) for r in caplog.records]
