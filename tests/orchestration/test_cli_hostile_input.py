@@ -140,12 +140,10 @@ def test_a_webhook_url_that_cannot_work_is_exit_2_naming_it_before_anything_chan
     box: Box,
 ) -> None:
     entry_id = box.expired_lease()
-    for name, args in (
-        ("crlf", ["reclaim", "--json"]),
-        ("ipv6", ["reclaim", "--json"]),
-        ("ipv6", ["alerts", "--json"]),
-        ("escape", ["liveness", "--alert", "--json"]),
-    ):
+    cases = [("crlf", ["reclaim", "--json"]), ("ipv6", ["alerts", "--json"])]
+    if box.url.startswith("sqlite"):  # refused before the ledger is read: once is enough
+        cases += [("ipv6", ["reclaim", "--json"]), ("escape", ["liveness", "--alert", "--json"])]
+    for name, args in cases:
         ran = box.run(*args, **{a.ENV_WEBHOOK_URL: BAD_WEBHOOK_URLS[name]})
         assert a.ENV_WEBHOOK_URL in ran.error(2), name
         no_secret(ran, SECRET, "X-Injected")
