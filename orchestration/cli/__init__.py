@@ -10,6 +10,11 @@ from __future__ import annotations
 import click
 
 from orchestration.cli.alerts import alerts_cmd
+from orchestration.cli.guard import (
+    ACTION_SAMPLE_DATA,
+    ACTION_SAMPLE_DATA_REPLACE,
+    require_command_role,
+)
 from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group, summary_cmd
@@ -25,6 +30,7 @@ from orchestration.cli.support import (
     today_utc,
 )
 from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER
 from resources.core.settings import load_settings, mask_url
 
 
@@ -53,7 +59,7 @@ def main() -> None:
 def tasks_cmd(as_json: bool) -> None:
     """List registered tasks (core and allowed plugin tasks) with declared and effective
     cadence and where each comes from; plugin tasks not allowed and plugin load errors are
-    listed after the table (and by `dueledger hooks --json`)."""
+    listed after the table (with --json: on stderr; `dueledger hooks --json` has them)."""
     import warnings
 
     # Imported when this command runs, so the other commands do not load it.
@@ -68,8 +74,16 @@ def tasks_cmd(as_json: bool) -> None:
         warnings.simplefilter("ignore", UserWarning)
         views = task_views(settings)
     rows = [v.as_json() for v in views]
+    # Not registered, so not rows of the list (the contract: the registered tasks); said on
+    # stderr under --json, and machine-readable in `dueledger hooks --json` (task_plugins).
+    notes = [f"not allowed: {registry.why_unregistered(f.spec.key)}" for f in registry.not_allowed]
+    for problem in registry.load_errors:
+        target = f" ({problem.target})" if problem.target else ""
+        notes.append(f"plugin load error: {problem.source} {problem.name}{target}: {problem.error}")
     if as_json:
         print_json(rows)
+        for note in notes:
+            click.echo(note, err=True)
         return
     click.echo(
         table(
@@ -92,11 +106,8 @@ def tasks_cmd(as_json: bool) -> None:
     for row in rows:
         for note in row["warnings"]:  # type: ignore[attr-defined]
             click.echo(f"warning: {note}")
-    for found in registry.not_allowed:
-        click.echo(f"not allowed: {registry.why_unregistered(found.spec.key)}")
-    for problem in registry.load_errors:
-        target = f" ({problem.target})" if problem.target else ""
-        click.echo(f"plugin load error: {problem.source} {problem.name}{target}: {problem.error}")
+    for note in notes:
+        click.echo(note)
 
 
 @main.command("launch")
@@ -199,7 +210,7 @@ def sample_data_cmd(
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
     from resources.sample_data import ReplaceRefused, StoreNotEmpty, generate_sample_data
-    from resources.source_store import make_engine
+    from resources.source_store import open_source_engine
 
     settings = local_settings()
     anchor = parse_instant(as_of, "--as-of") if as_of else today_utc()
@@ -208,7 +219,17 @@ def sample_data_cmd(
             "--yes-delete-everything only applies to --replace; add --replace to delete the "
             "store's data and generate it anew, or drop --yes-delete-everything"
         )
-    engine = make_engine(settings.source_url)
+    engine = open_source_engine(settings.source_url)  # a URL that cannot work: exit 2
+    # With an allow-list: writing data needs `retrier`, deleting it (--replace) `admin`.
+    try:
+        grant = require_command_role(
+            settings,
+            ACTION_SAMPLE_DATA_REPLACE if replace else ACTION_SAMPLE_DATA,
+            ROLE_ADMIN if replace else ROLE_RETRIER,
+        )
+    except BaseException:
+        engine.dispose()
+        raise
     try:
         counts = generate_sample_data(
             engine,
@@ -227,6 +248,7 @@ def sample_data_cmd(
     finally:
         engine.dispose()
     where = mask_url(settings.source_url)  # never print the store's password
+    grant.audit(f"sample data as of {anchor.isoformat()} in {where}: {counts}")
     if as_json:
         print_json({"source_url": where, "as_of": anchor.isoformat(), **counts})
         return

@@ -151,7 +151,7 @@ def caller_identity() -> str:
     for its users, e.g. a chat bot or a job runner), else the OS login name."""
     named = os.environ.get(ENV_IDENTITY, "").strip()
     if named:
-        return _operator(named)
+        return _operator(named, ENV_IDENTITY)  # a bad name is reported as the variable's
     try:
         return _operator(getpass.getuser())
     except (InvalidInput, OSError, KeyError):
@@ -221,9 +221,9 @@ def _identity_source() -> str:
     return f"from {ENV_IDENTITY}" if os.environ.get(ENV_IDENTITY, "").strip() else "OS login"
 
 
-def _operator(name: str) -> str:
+def _operator(name: str, what: str = "--operator") -> str:
     try:
-        return check_operator_name(name)
+        return check_operator_name(name, what)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
 

@@ -136,16 +136,20 @@ _LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 def parse_instant(text: str, option: str) -> datetime:
     """ISO-8601 → aware UTC datetime; anything else is invalid input naming the option."""
+    out_of_range = InvalidInput(
+        f"{option} {text!r} is out of range: give a time between "
+        f"{_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (UTC)"
+    )
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (ValueError, OverflowError):
+    except ValueError:
         raise InvalidInput(
             f"{option} {text!r} is not an ISO-8601 time (e.g. 2026-11-30T22:45:00Z)"
         ) from None
+    try:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 moved past the calendar by its offset
+        raise out_of_range from None
     if not _EARLIEST <= value <= _LATEST:
-        raise InvalidInput(
-            f"{option} {text!r} is out of range: give a time between "
-            f"{_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (UTC)"
-        )
+        raise out_of_range
     return value

@@ -39,6 +39,10 @@ from resources.core.settings import PROJECT_ROOT
 #: How long one Dagster command line may take to put a run on the instance.
 LAUNCH_TIMEOUT_SECONDS: Final = 300
 
+#: Re-dispatches of one manual request looked for (its run ended before claiming, and the
+#: request was launched again); past this, launch a new request.
+MAX_MANUAL_REDISPATCHES: Final = 100
+
 #: Namespace for run ids of manual launches (uuid5 of task key and request id).
 _MANUAL_RUN_ID_NAMESPACE: Final = uuid.UUID("6f1c3c1e-6a8e-4c55-9f59-5a1d0e1f2a11")
 #: Namespace for run ids of manual retries launched as a new run (uuid5 of the child entry).
@@ -81,9 +85,18 @@ class LaunchFailed(RuntimeError):
 # --- run ids -----------------------------------------------------------------------------------
 
 
-def manual_run_id(task_key: str, request_id: str) -> str:
-    """The Dagster run id of a manual launch: the same request gives the same run."""
-    return str(uuid.uuid5(_MANUAL_RUN_ID_NAMESPACE, f"{task_key}\x00{request_id}"))
+def manual_run_id(task_key: str, request_id: str, dispatch: int = 0) -> str:
+    """The Dagster run id of a manual launch: the same request gives the same run.
+
+    ``dispatch`` n > 0: the request's n-th re-dispatch, after its run ended before it
+    claimed the entry (canceled in the queue, failed to start). Dagster keeps a run id
+    forever, so each dispatch has its own, derived the same way by every process: a repeated
+    or racing launch of the same dispatch finds one run.
+    """
+    name = f"{task_key}\x00{request_id}"
+    if dispatch:
+        name += f"\x00redispatch-{int(dispatch)}"
+    return str(uuid.uuid5(_MANUAL_RUN_ID_NAMESPACE, name))
 
 
 def retry_run_id(child_entry_id: int) -> str:

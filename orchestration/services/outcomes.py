@@ -31,6 +31,7 @@ from orchestration.services.dagster_runs import (
     newest_automatic_retry,
     run_timed_out,
 )
+from orchestration.services.stranded import redo_command
 from orchestration.services.task_plugins import task_registry
 from orchestration.services.unsupported import (
     end_unsupported,
@@ -39,7 +40,7 @@ from orchestration.services.unsupported import (
 )
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST
-from resources.core.due import format_due
+from resources.core.due import ORIGIN_DUE, format_due
 from resources.core.outcomes import Action, Reconciled, RunOutcome, decide
 from resources.core.registry import TaskSpec, TaskView
 from resources.core.requests import EntryRequest, entry_request_from_tags
@@ -451,6 +452,9 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
                 f"{entry.task_key}_redispatch_sensor; see `dueledger runs show {entry.id}`"
+                if entry.origin == ORIGIN_DUE
+                # A manual launch or retry is re-dispatched by repeating its request.
+                else f"{redo_command(entry)}; see `dueledger runs show {entry.id}`"
             ),
         }
     return None

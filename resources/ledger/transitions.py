@@ -36,6 +36,7 @@ from resources.core.entry import Entry, with_summary_lists
 from resources.core.fence import Fence
 from resources.core.instants import iso
 from resources.core.rules import claim_refusal, who
+from resources.core.text import clean_json
 from resources.ledger.model import (
     ClaimResult,
     appended,
@@ -429,7 +430,8 @@ class LedgerTransitions(LedgerStore):
         if not isinstance(result, Mapping):
             raise ValueError(f"hook result must be a dict, got {result!r}")
         try:
-            item = json.loads(json.dumps(dict(result)))
+            # Cleaned: a NUL in a listener's text could not be stored on PostgreSQL.
+            item = clean_json(json.loads(json.dumps(dict(result))))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"hook result {result!r} is not JSON-serialisable: {exc}") from None
         at = self._now(None)
