@@ -83,29 +83,31 @@ def _family(family: m.Family) -> Metric:
 
 
 class LedgerCollector(Collector):
-    """A custom collector: each ``collect()`` is one scrape of the ledger (one at a time)."""
+    """A custom collector: each ``collect()`` is one scrape of the ledger (one at a time).
 
-    def __init__(self, snapshot: Callable[[], m.MetricsSnapshot]) -> None:
-        self._snapshot = snapshot
+    ``snapshot`` may be set after the collector is registered (``serve`` binds its port
+    first, so that a port in use is reported before anything else is opened)."""
+
+    def __init__(self, snapshot: Callable[[], m.MetricsSnapshot] | None = None) -> None:
+        self.snapshot = snapshot
         self._lock = threading.Lock()
-        self.last_seconds: float | None = None
 
     def describe(self) -> list[Metric]:
         # Registration must not scrape the ledger: the names are known without it.
         return []
 
     def collect(self) -> Iterator[Metric]:
+        if self.snapshot is None:
+            raise RuntimeError("the metrics server is still starting: scrape again")
         with self._lock:
-            started = time.perf_counter()
-            snap = self._snapshot()
-            found = [_family(f) for f in m.families(snap)]
-            self.last_seconds = time.perf_counter() - started
+            found = [_family(f) for f in m.families(self.snapshot())]
         yield from found
 
 
-def _snapshot_source(
+def snapshot_source(
     ledger: RunLedger, instance: dg.DagsterInstance | None
 ) -> Callable[[], m.MetricsSnapshot]:
+    """A scrape of ``ledger`` (and ``instance``) for the registered tasks, as of each call."""
     # Imported when a metrics command runs, so the other commands do not load them.
     from orchestration.catalog import task_views
     from orchestration.services.metrics import scrape
@@ -125,12 +127,6 @@ def _snapshot_source(
         )
 
     return snapshot
-
-
-def _registry(ledger: RunLedger, instance: dg.DagsterInstance | None) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(LedgerCollector(_snapshot_source(ledger, instance)))
-    return registry
 
 
 # --- input checks ----------------------------------------------------------------------------
@@ -193,9 +189,10 @@ _operator_option = click.option(
 def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None:
     """Serve the metrics at http://HOST:PORT/metrics until stopped (SIGTERM or Ctrl-C)."""
     number = parse_port(port)
-    ledger = viewer_gate(operator, ACTION_METRICS)
-    instance = dagster_instance()
-    registry = _registry(ledger, instance)
+    collector = LedgerCollector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    # The port first: one in use is exit 2 before the ledger or Dagster is touched.
     try:
         server, thread = start_http_server(number, addr=host, registry=registry)
     except OSError as exc:
@@ -203,6 +200,14 @@ def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None
             f"cannot listen on {host}:{number} (--host {host} --port {port}): "
             f"{exc.strerror or exc}; choose another --port, or stop what listens there"
         ) from None
+    try:
+        ledger = viewer_gate(operator, ACTION_METRICS)
+        instance = dagster_instance()
+    except BaseException:
+        server.shutdown()
+        server.server_close()
+        raise
+    collector.snapshot = snapshot_source(ledger, instance)
     bound = int(server.server_address[1])
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/metrics"
@@ -238,7 +243,8 @@ def write_cmd(file: Path, operator: str | None, as_json: bool) -> None:
     check_writable(path)
     ledger = viewer_gate(operator, ACTION_METRICS)
     with dagster_instance() as instance:
-        registry = _registry(ledger, instance)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(LedgerCollector(snapshot_source(ledger, instance)))
         started = time.perf_counter()
         try:
             write_to_textfile(str(path), registry)

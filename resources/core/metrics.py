@@ -395,7 +395,9 @@ def families(snap: MetricsSnapshot) -> list[Family]:
     reclaims: Counter[str] = Counter()
     for (task, status, kind, trigger), n in snap.entry_counts.items():
         if status in COUNTED_STATUSES:
-            counted[(task, status, kind, trigger)] += n
+            # A success keeps the failure kind of an earlier attempt that failed: not its own.
+            own_kind = "" if status == tags.STATUS_SUCCESS else kind
+            counted[(task, status, own_kind, trigger)] += n
         elif status in OPEN_STATUSES:
             open_now[(task, status)] += n
         if status == tags.STATUS_FAILED and kind == tags.FAILURE_LEASE_RECLAIMED:

@@ -201,7 +201,9 @@ def test_the_failed_hook_outcomes_are_the_hooks_own() -> None:
     assert m.HOOK_FAILURE_OUTCOMES == failures
     assert set(failures) <= set(hooks_model.OUTCOMES)
     for outcome in failures:
-        assert f'\\"outcome\\":\\"{outcome}\\"'.replace("\\", "") in ledger_schema.SQLITE_HOOK_FAILED
+        assert (
+            f'\\"outcome\\":\\"{outcome}\\"'.replace("\\", "") in ledger_schema.SQLITE_HOOK_FAILED
+        )
         assert f'"outcome": "{outcome}"' in ledger_schema.PG_HOOK_FAILED
 
 
