@@ -22,8 +22,8 @@ from typing import Any
 import dagster as dg
 import pytest
 from hook_support import registry_of
-from prometheus_client.parser import text_string_to_metric_families
 from processes import start_group, stop_group
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.hooks import Hooks, Listener
 from orchestration.registry import require_task
@@ -226,7 +226,8 @@ def test_a_scrape_reports_the_ledger_and_a_restarted_server_the_same(env, monkey
     assert value(samples, "dueledger_hook_failures_total", event="task_after") == 0
     # The reclaim's alert could not reach the webhook: failed, a retry will come.
     assert value(samples, "dueledger_alert_deliveries_waiting", channel="webhook", status="failed")
-    assert value(samples, "dueledger_alert_deliveries_total", channel="webhook", status="delivered") == 0
+    delivered = {"channel": "webhook", "status": "delivered"}
+    assert value(samples, "dueledger_alert_deliveries_total", **delivered) == 0
 
     last = entries[d2]  # the newest success
     assert value(samples, "dueledger_last_success_timestamp_seconds", **task) == pytest.approx(

@@ -198,7 +198,7 @@ def test_the_summary_predicates_are_those_of_the_partial_indexes(ledger: RunLedg
 
 def test_the_failed_hook_outcomes_are_the_hooks_own() -> None:
     failures = (hooks_model.OUTCOME_ERROR, hooks_model.OUTCOME_TIMEOUT, hooks_model.OUTCOME_INVALID)
-    assert m.HOOK_FAILURE_OUTCOMES == failures
+    assert failures == m.HOOK_FAILURE_OUTCOMES
     assert set(failures) <= set(hooks_model.OUTCOMES)
     for outcome in failures:
         assert (
