@@ -110,12 +110,13 @@ def snapshot_source(
     """A scrape of ``ledger`` (and ``instance``) for the registered tasks, as of each call."""
     # Imported when a metrics command runs, so the other commands do not load them.
     from orchestration.catalog import task_views
-    from orchestration.services.metrics import scrape
+    from orchestration.services.metrics import MissedDuesMemo, scrape
 
     settings = load_settings()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # cadence warnings: see `dueledger tasks`
         views = task_views(settings)
+    memo = MissedDuesMemo()
 
     def snapshot() -> m.MetricsSnapshot:
         return scrape(
@@ -124,6 +125,7 @@ def snapshot_source(
             datetime.now(UTC),
             instance=instance,
             slot_minutes=settings.slot_minutes,
+            memo=memo,
         )
 
     return snapshot

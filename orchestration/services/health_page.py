@@ -1,0 +1,78 @@
+"""The page a person reads first on ``ledger_health``: one line per task -- its latest due,
+what became of it, how late it started, where its runs are, what to run next.
+
+Each line is the ``latest_due_accounted_for`` check's own answer
+(``orchestration/services/accounting.py``), so the table and the Catalog's checks agree; the
+lag is the entry's latest start after its due; the link is the Dagster UI's Runs page
+filtered on ``dueledger/entry=N``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import dagster as dg
+
+from orchestration.registry import TaskView
+from orchestration.services.accounting import account_latest_due, next_step
+from resources.core import tags as t
+from resources.ledger import RunLedger
+
+COLUMNS: Final = ("task", "latest due", "status", "lag", "runs", "next")
+
+
+def latest_due_rows(
+    ledger: RunLedger,
+    views: Sequence[TaskView],
+    now: datetime,
+    *,
+    instance: dg.DagsterInstance | None = None,
+) -> list[dict[str, Any]]:
+    """One row per task: its latest finished-slot due as the check accounts for it."""
+    rows = []
+    for view in views:
+        account = account_latest_due(view, ledger, now, instance=instance)
+        entry = ledger.get(account.entry_id) if account.entry_id is not None else None
+        lag = None
+        if entry is not None and entry.started_at is not None and account.due is not None:
+            lag = max(0, int((entry.started_at - account.due.at).total_seconds()))
+        rows.append(
+            {
+                "task": view.spec.key,
+                "due": account.due.text if account.due else None,
+                "state": account.state,
+                "passed": account.passed,
+                "status": entry.status if entry is not None else account.state,
+                "entry_id": account.entry_id,
+                "lag_seconds": lag,
+                "runs_path": t.entry_runs_path(entry.id) if entry is not None else None,
+                "next": next_step(account.state, view.spec.key, entry),
+            }
+        )
+    return rows
+
+
+def _lag(seconds: int | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(seconds, 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def latest_dues_markdown(rows: Sequence[Mapping[str, Any]], as_of: str) -> str:
+    """The rows as a Markdown table (failing tasks first, then in registry order)."""
+    lines = [
+        f"### Latest due of each task, as of {as_of}",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for row in sorted(rows, key=lambda r: r["passed"]):
+        mark = "" if row["passed"] else "**FAILING** "
+        runs = f"[entry {row['entry_id']}]({row['runs_path']})" if row["runs_path"] else ""
+        step = str(row["next"]).replace("|", "\\|")
+        cells = [row["task"], row["due"] or "", mark + row["status"], _lag(row["lag_seconds"])]
+        lines.append("| " + " | ".join([*cells, runs, step]) + " |")
+    return "\n".join(lines)
