@@ -16,11 +16,21 @@ from typing import Any, Final
 import dagster as dg
 
 from orchestration.registry import TaskView
+from orchestration.services import accounting as acc
 from orchestration.services.accounting import account_latest_due, next_step
 from resources.core import tags as t
 from resources.ledger import RunLedger
 
-COLUMNS: Final = ("task", "latest due", "status", "lag", "runs", "next")
+#: What a person looks at first comes first: the UI shows the table in a narrow column.
+COLUMNS: Final = ("task", "status", "lag", "runs", "latest due", "next")
+#: The check's state in words, where the due has no entry to show the status of.
+_STATE_WORDS: Final = {
+    acc.STATE_NO_DUE: "no due yet",
+    acc.STATE_NEW: "no run yet",
+    acc.STATE_MISSED: "MISSED",
+    acc.STATE_QUEUED: "queued",
+    acc.STATE_DISPATCH_FAILED: "dispatch_failed",
+}
 
 
 def latest_due_rows(
@@ -44,7 +54,9 @@ def latest_due_rows(
                 "due": account.due.text if account.due else None,
                 "state": account.state,
                 "passed": account.passed,
-                "status": entry.status if entry is not None else account.state,
+                "status": entry.status
+                if entry is not None
+                else _STATE_WORDS.get(account.state, account.state),
                 "entry_id": account.entry_id,
                 "lag_seconds": lag,
                 "runs_path": t.entry_runs_path(entry.id) if entry is not None else None,
@@ -73,6 +85,12 @@ def latest_dues_markdown(rows: Sequence[Mapping[str, Any]], as_of: str) -> str:
         mark = "" if row["passed"] else "**FAILING** "
         runs = f"[entry {row['entry_id']}]({row['runs_path']})" if row["runs_path"] else ""
         step = str(row["next"]).replace("|", "\\|")
-        cells = [row["task"], row["due"] or "", mark + row["status"], _lag(row["lag_seconds"])]
-        lines.append("| " + " | ".join([*cells, runs, step]) + " |")
+        cells = [
+            row["task"],
+            mark + row["status"],
+            _lag(row["lag_seconds"]),
+            runs,
+            row["due"] or "",
+        ]
+        lines.append("| " + " | ".join([*cells, step]) + " |")
     return "\n".join(lines)

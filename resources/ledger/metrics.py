@@ -163,19 +163,29 @@ class LedgerMetricsQueries(LedgerStore):
 
     def refused_run_counts(self) -> dict[str, int]:
         """Refused runs recorded in entries' ``late_job_rejections``, by task: only entries
-        with rejections are read (partial index ``ix_dueledger_entries_rejected``)."""
-        found: Counter[str] = Counter()
-        for task_key, summary in self._summaries(SQLITE_REJECTED, PG_REJECTED):
-            found[task_key] += m.refused_runs(summary.get("late_job_rejections"))
-        return dict(found)
+        with rejections are read (partial index ``ix_dueledger_entries_rejected``), and their
+        lists are counted in SQL."""
+        rows = self._json_items(
+            "late_job_rejections",
+            "action",
+            m.REFUSED_RUN_ACTIONS,
+            "task_key",
+            (SQLITE_REJECTED, PG_REJECTED),
+        )
+        return {str(key): n for key, n in rows}
 
     def hook_failure_counts(self) -> dict[str, int]:
         """Failed listener calls recorded in entries' ``hooks`` outcomes, by event: only
-        entries with a failure are read (partial index ``ix_dueledger_entries_hook_failed``)."""
-        found: Counter[str] = Counter()
-        for _task, summary in self._summaries(SQLITE_HOOK_FAILED, PG_HOOK_FAILED):
-            found.update(m.hook_failures(summary.get("hooks")))
-        return dict(found)
+        entries with a failure are read (partial index ``ix_dueledger_entries_hook_failed``),
+        and their lists are counted in SQL."""
+        rows = self._json_items(
+            "hooks",
+            "outcome",
+            m.HOOK_FAILURE_OUTCOMES,
+            "event",
+            (SQLITE_HOOK_FAILED, PG_HOOK_FAILED),
+        )
+        return {str(key or "unknown"): n for key, n in rows}
 
     def delivery_counts(self) -> dict[tuple[str, str], int]:
         """Alert deliveries by ``(channel, status)``: ``delivered``, ``given_up`` (failed with
@@ -191,13 +201,39 @@ class LedgerMetricsQueries(LedgerStore):
                 found[(channel, m.DELIVERY_GIVEN_UP if gave_up else status)] += int(n)
         return dict(found)
 
-    def _summaries(self, sqlite_where: str, pg_where: str) -> list[tuple[str, dict[str, Any]]]:
-        """``(task_key, summary)`` of the entries a partial index's predicate selects."""
+    def _json_items(
+        self,
+        summary_list: str,
+        field: str,
+        values: Sequence[str],
+        group: str,
+        predicates: tuple[str, str],
+    ) -> list[tuple[Any, int]]:
+        """Items of the entries' ``summary[summary_list]`` whose ``field`` is one of
+        ``values``, counted by ``group`` (``task_key``, or a field of the item). Only the
+        entries a partial index's predicate selects are read; a list that is not a list (or
+        a summary that is not JSON) counts nothing and never raises. The names are this
+        module's constants, never input: they are written into the SQL."""
+        marks = ", ".join(f"'{v}'" for v in values)
         with self._connect("autocommit") as conn:
-            where = sqlite_where if _dialect(conn) == "sqlite" else pg_where
-            query = sa.select(entries.c.task_key, entries.c.summary).where(sa.text(where))
-            rows: Sequence[Any] = conn.execute(query).all()
-        return [(r.task_key, r.summary if isinstance(r.summary, dict) else {}) for r in rows]
+            if _dialect(conn) == "sqlite":
+                key = "e.task_key" if group == "task_key" else f"json_extract(i.value, '$.{group}')"
+                sql = (
+                    f"SELECT {key} AS k, count(*) AS n FROM dueledger_entries AS e, json_each("
+                    f"CASE WHEN json_valid(e.summary) THEN e.summary ELSE '{{}}' END, "
+                    f"'$.{summary_list}') AS i WHERE ({predicates[0]}) AND i.type = 'object' "
+                    f"AND json_extract(i.value, '$.{field}') IN ({marks}) GROUP BY k"
+                )
+            else:
+                items = f"e.summary -> '{summary_list}'"
+                key = "e.task_key" if group == "task_key" else f"i ->> '{group}'"
+                sql = (
+                    f"SELECT {key} AS k, count(*) AS n FROM dueledger_entries AS e CROSS JOIN "
+                    f"LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({items}) = 'array' "
+                    f"THEN {items} ELSE '[]'::jsonb END) AS i WHERE ({predicates[1]}) "
+                    f"AND i ->> '{field}' IN ({marks}) GROUP BY k"
+                )
+            return [(r.k, int(r.n)) for r in conn.execute(sa.text(sql))]
 
 
 def _dialect(conn: Connection) -> str:

@@ -334,6 +334,37 @@ def materialize_from_catalog(page: Page, server: DevServer, asset: str) -> str:
     return run_id
 
 
+_LAUNCH_RUN = """
+mutation($p: ExecutionParams!) {
+  launchRun(executionParams: $p) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def launch_scheduled_run(server: DevServer, task: str, due: str) -> str:
+    """A run of TASK's job for DUE with the tags its schedule gives a run (GraphQL
+    ``launchRun``, as the daemon's own launch would queue it): the run's id. Set-up for a
+    page to read, not a click under test."""
+    tags = {"dueledger/task": task, "dueledger/trigger": "schedule", "dueledger/due": due}
+    params = {
+        "selector": {
+            "repositoryLocationName": "dueledger",
+            "repositoryName": "__repository__",
+            "jobName": f"{task}_job",
+        },
+        "runConfigData": {},
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+    }
+    result = server.graphql(_LAUNCH_RUN, {"p": params})["launchRun"]
+    assert result["__typename"] == "LaunchRunSuccess", result
+    run_id: str = result["run"]["runId"]
+    note(f"{task}: launched run {run_id} for due {due}")
+    return run_id
+
+
 def reexecute(page: Page, server: DevServer, run_id: str, how: str = "all") -> str:
     """Open run RUN_ID's page and click "Re-execute all" (``how="all"``) or
     Re-execute ▾ → "From failure" (``how="from_failure"``): the new run's id."""

@@ -171,6 +171,16 @@ def _plan(ledger: RunLedger, statement: sa.Select) -> str:
     return "\n".join(" ".join(str(c) for c in row) for row in rows)
 
 
+def _plan_text(ledger: RunLedger, statement: str) -> str:
+    engine = ledger._get_engine()
+    prefix = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.text("SET enable_seqscan = off"))
+        rows = conn.exec_driver_sql(prefix + statement).all()
+    return "\n".join(" ".join(str(c) for c in row) for row in rows)
+
+
 def test_the_summary_predicates_are_those_of_the_partial_indexes(ledger: RunLedger) -> None:
     build(ledger)
     sqlite = ledger.dialect_name == "sqlite"
@@ -185,6 +195,22 @@ def test_the_summary_predicates_are_those_of_the_partial_indexes(ledger: RunLedg
             }[where]
         query = sa.select(ledger_schema.entries.c.task_key).where(sa.text(where))
         assert name in _plan(ledger, query), f"{name} not used by a query on its predicate"
+    # The statements the counts really send find their entries through the same indexes.
+    engine = ledger._get_engine()
+    sent: list[str] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        sent.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        ledger.refused_run_counts()
+        ledger.hook_failure_counts()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    rejected, hooks = (s for s in sent if "json" in s.lower())
+    assert "ix_dueledger_entries_rejected" in _plan_text(ledger, rejected)
+    assert "ix_dueledger_entries_hook_failed" in _plan_text(ledger, hooks)
     counts = sa.select(
         ledger_schema.entries.c.task_key, ledger_schema.entries.c.status, sa.func.count()
     ).group_by(

@@ -57,10 +57,11 @@ def test_a_failed_latest_due_is_a_failing_row_with_its_runs_link_and_the_retry_t
     assert f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT`" in row["next"]
     assert "--acknowledge-side-effects" not in row["next"]
     page = latest_dues_markdown([row], "2026-11-30T23:05:00Z")
-    assert "| task | latest due | status | lag | runs | next |" in page
+    assert "| task | status | lag | runs | latest due | next |" in page
     assert (
-        f"| strict_task | 2026-11-30T22:45:00Z | **FAILING** failed | 1 min 15 s | "
+        f"| strict_task | **FAILING** failed | 1 min 15 s | "
         f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id}) | "
+        f"2026-11-30T22:45:00Z | "
     ) in page
     # The check's description names the same next step.
     account = acc.account_latest_due(views()[0], ledger, NOW)
@@ -87,6 +88,8 @@ def test_success_and_missed_rows_say_what_to_look_at(ledger):
     scheduled(ledger, LATEST - 2 * SLOT)  # the task ran here before
     missed = acc.account_latest_due(views()[0], ledger, NOW)
     assert missed.state == acc.STATE_MISSED
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert (row["status"], row["runs_path"]) == ("MISSED", None)
     assert "`dueledger launch strict_task --operator NAME --reason TEXT`" in missed.detail
     entry = scheduled(ledger, LATEST)
     ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=LATEST)
