@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from resources.core import tags
-from resources.core.alerting import DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING
+from resources.core.alerting import (
+    CHANNELS,
+    DELIVERY_DELIVERED,
+    DELIVERY_FAILED,
+    DELIVERY_PENDING,
+)
 
 # --- statuses the metrics sort entries into -----------------------------------------------
 #: DESIGN's terminal ``skipped`` status (a due not run, with a reason: overlap, paused). Issue 24
@@ -54,6 +59,9 @@ REFUSED_RUN_ACTIONS: Final = ("claim", "reject")
 #: Hook outcomes that are a listener's failure (orchestration/hooks/model.py; a test keeps the
 #: two in step): it raised, ran past its timeout, or returned something that is no result.
 HOOK_FAILURE_OUTCOMES: Final = ("error", "timeout", "invalid")
+
+#: Reasons a due is skipped for (DESIGN: overlap, paused), written with 0 for every task.
+SKIP_REASONS: Final = ("overlap", "paused")
 
 #: Lag buckets (seconds after the due): a slot is 15 minutes by default, a day the longest
 #: cadence of the registry.
@@ -424,13 +432,15 @@ def families(snap: MetricsSnapshot) -> list[Family]:
         ):
             if task in values:
                 out[spec].append(((task,), values[task]))
-    out[SKIPPED_DUES] = [
-        (k, float(v)) for k, v in sorted(snap.skipped.items(), key=_task_order(keys))
-    ]
+    skipped: Counter[tuple[str, str]] = Counter(snap.skipped)
+    for task in registered:
+        for reason in SKIP_REASONS:
+            skipped.setdefault((task, reason), 0)
+    out[SKIPPED_DUES] = [(k, float(v)) for k, v in sorted(skipped.items(), key=_task_order(keys))]
     out[ATTENTION] = [
         ((a.task, str(a.entry_id), a.status, a.failure_kind), a.updated_at) for a in snap.attention
     ]
-    channels = sorted({channel for channel, _ in snap.deliveries})
+    channels = sorted({*CHANNELS, *(channel for channel, _ in snap.deliveries)})
     for channel in channels:
         for status in (DELIVERY_DELIVERED, DELIVERY_GIVEN_UP):
             out[DELIVERIES].append(

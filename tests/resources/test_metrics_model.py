@@ -47,6 +47,10 @@ def test_terminal_statuses_are_counted_and_open_ones_are_gauges():
     assert opened[("gone_task", "dispatch_failed")] == 1.0
     assert got["dueledger_lease_reclaims_total"] == {("order_cleanup",): 2.0, ("gone_task",): 0.0}
     assert got["dueledger_slot_seconds"] == {(): 900.0}
+    assert got["dueledger_skipped_dues_total"] == {
+        ("order_cleanup", "overlap"): 0.0,
+        ("order_cleanup", "paused"): 0.0,
+    }
     assert got["dueledger_task_info"][
         ("order_cleanup", "every 15 minutes", "strict_current_slot", "queue", "core")
     ] == (1.0)
@@ -75,6 +79,7 @@ def test_alert_deliveries_and_hook_failures_are_written_out_with_zeros():
         hook_events=("task_before", "task_after"),
     )
     got = by_name(snap)
+    # Both channels, configured or not, so a fresh deployment's scrape shows the family.
     assert got["dueledger_alert_deliveries_total"] == {
         ("email", "delivered"): 0.0,
         ("email", "given_up"): 0.0,
