@@ -36,7 +36,7 @@ JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 # They never raise (a summary that is not valid JSON is simply not indexed).
 _SQLITE_SUMMARY = "CASE WHEN json_valid(summary) THEN summary END"
 SQLITE_REJECTED: Final = f"json_array_length({_SQLITE_SUMMARY}, '$.late_job_rejections') > 0"
-PG_REJECTED: Final = "(summary -> 'late_job_rejections') <> '[]'::jsonb"
+PG_REJECTED: Final = "(summary -> 'late_job_rejections') @> '[{}]'::jsonb"
 _FAILED_OUTCOMES = ("error", "timeout", "invalid")  # resources/core/metrics.py, a test checks
 SQLITE_HOOK_FAILED: Final = " OR ".join(
     f"instr(json_extract({_SQLITE_SUMMARY}, '$.hooks'), '\"outcome\":\"{o}\"') > 0"
