@@ -67,9 +67,13 @@ def latest_due_rows(
 
 
 def _lag(seconds: int | None) -> str:
+    """``42 s``, ``1 min 15 s``, ``13 h 21 min``."""
     if seconds is None:
         return ""
-    minutes, secs = divmod(seconds, 60)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 

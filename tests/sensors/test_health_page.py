@@ -99,3 +99,5 @@ def test_success_and_missed_rows_say_what_to_look_at(ledger):
     assert row["next"] == f"`dueledger runs show {entry.id}`"
     page = latest_dues_markdown([row], "x")
     assert "**FAILING**" not in page and "| 0 s |" in page
+    late = latest_dues_markdown([{**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58}], "x")
+    assert "| 13 h 21 min |" in late
