@@ -59,7 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from run import KIND_CHECK, Row, write_json
 
 from orchestration.catalog import task_views
-from orchestration.cli.metrics import LedgerCollector
+from orchestration.cli.exposition import LedgerCollector
 from orchestration.services.metrics import MissedDuesMemo, scrape
 from resources.core import tags
 from resources.ledger import RunLedger

@@ -7,7 +7,7 @@
   collector (FILE ending in ``.prom``, from cron or a systemd timer).
 
 The exposition format, the HTTP handler and the atomic file write are ``prometheus_client``'s;
-this module only maps the metric model (resources/core/metrics.py) onto its metric families.
+``orchestration/cli/exposition.py`` maps the metric model onto its metric families.
 A port that cannot be listened on, or a file that cannot be written, is exit 2 naming it.
 """
 
@@ -18,117 +18,19 @@ import signal
 import sys
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import click
-from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeHistogramMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from orchestration.cli.runs import viewer_gate
 from orchestration.cli.support import dagster_instance, handle_errors, json_option, print_json
-from resources.core import metrics as m
 from resources.core.errors import InvalidInput
-from resources.core.settings import load_settings
-
-if TYPE_CHECKING:
-    import dagster as dg
-
-    from resources.ledger import RunLedger
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 9478
 ACTION_METRICS: Final = "metrics"
-
-
-# --- the metric model as prometheus_client families -------------------------------------------
-
-
-def _family(family: m.Family) -> Metric:
-    spec = family.spec
-    labels = list(spec.labels)
-    if spec.kind == m.COUNTER:
-        counter = CounterMetricFamily(spec.name, spec.help, labels=labels)
-        for values, value in family.samples:
-            assert isinstance(value, float)
-            counter.add_metric(list(values), value)
-        return counter
-    if spec.kind == m.GAUGE_HISTOGRAM:
-        histogram = GaugeHistogramMetricFamily(spec.name, spec.help, labels=labels)
-        for values, value in family.samples:
-            assert isinstance(value, m.Histogram)
-            buckets = [
-                (floatToGoString(bound), float(count))
-                for bound, count in zip(value.bounds, value.cumulative, strict=False)
-            ]
-            buckets.append(("+Inf", float(value.count)))
-            histogram.add_metric(list(values), buckets, value.total)
-        return histogram
-    gauge = GaugeMetricFamily(spec.name, spec.help, labels=labels)
-    for values, value in family.samples:
-        assert isinstance(value, float)
-        gauge.add_metric(list(values), value)
-    return gauge
-
-
-class LedgerCollector(Collector):
-    """A custom collector: each ``collect()`` is one scrape of the ledger (one at a time).
-
-    ``snapshot`` may be set after the collector is registered (``serve`` binds its port
-    first, so that a port in use is reported before anything else is opened)."""
-
-    def __init__(self, snapshot: Callable[[], m.MetricsSnapshot] | None = None) -> None:
-        self.snapshot = snapshot
-        self._lock = threading.Lock()
-
-    def describe(self) -> list[Metric]:
-        # Registration must not scrape the ledger: the names are known without it.
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        if self.snapshot is None:
-            raise RuntimeError("the metrics server is still starting: scrape again")
-        with self._lock:
-            found = [_family(f) for f in m.families(self.snapshot())]
-        yield from found
-
-
-def snapshot_source(
-    ledger: RunLedger, instance: dg.DagsterInstance | None
-) -> Callable[[], m.MetricsSnapshot]:
-    """A scrape of ``ledger`` (and ``instance``) for the registered tasks, as of each call."""
-    # Imported when a metrics command runs, so the other commands do not load them.
-    from orchestration.catalog import task_views
-    from orchestration.services.metrics import MissedDuesMemo, scrape
-
-    settings = load_settings()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # cadence warnings: see `dueledger tasks`
-        views = task_views(settings)
-    memo = MissedDuesMemo()
-
-    def snapshot() -> m.MetricsSnapshot:
-        return scrape(
-            ledger,
-            views,
-            datetime.now(UTC),
-            instance=instance,
-            slot_minutes=settings.slot_minutes,
-            memo=memo,
-        )
-
-    return snapshot
 
 
 # --- input checks ----------------------------------------------------------------------------
@@ -190,6 +92,12 @@ _operator_option = click.option(
 @handle_errors
 def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None:
     """Serve the metrics at http://HOST:PORT/metrics until stopped (SIGTERM or Ctrl-C)."""
+    # Imported when a metrics command runs, so the other commands do not load them.
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    # The collector, loaded with prometheus_client for the same reason.
+    from orchestration.cli.exposition import LedgerCollector, snapshot_source
+
     number = parse_port(port)
     collector = LedgerCollector()
     registry = CollectorRegistry(auto_describe=False)
@@ -241,6 +149,12 @@ def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None
 def write_cmd(file: Path, operator: str | None, as_json: bool) -> None:
     """Write one scrape to FILE atomically (node_exporter's textfile collector reads
     ``*.prom`` files from its --collector.textfile.directory)."""
+    # Imported when a metrics command runs, so the other commands do not load them.
+    from prometheus_client import CollectorRegistry, write_to_textfile
+
+    # The collector, loaded with prometheus_client for the same reason.
+    from orchestration.cli.exposition import LedgerCollector, snapshot_source
+
     path = file.expanduser().absolute()
     check_writable(path)
     ledger = viewer_gate(operator, ACTION_METRICS)

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestration.cli.metrics import LedgerCollector
+from orchestration.cli.exposition import LedgerCollector
 from resources.core import metrics as m
 from resources.core import tags as t
 from resources.core.settings import PROJECT_ROOT
