@@ -21,6 +21,9 @@ script merges them:
   dueledger task jobs vs one-asset jobs (target ratio >= 0.85).
 - ``run_cost``: ``bench/run_cost.py`` -- CPU and peak memory of loading the code location
   and of one run of a task's job, vs a one-asset Dagster location (targets 1.30, 1.15).
+- ``metrics``: ``bench/metrics_scrape.py`` -- one Prometheus scrape of `dueledger metrics
+  serve` vs ``SELECT count(*)`` on the same ledger, before and after migration 0005 (target
+  <= 200 ms at 1,000,000 entries).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -443,6 +446,12 @@ BENCHES: tuple[Bench, ...] = (
         "run_cost.py",
         ("--repeat", "2", "--tasks", "tick_every_slot,order_cleanup"),
         ("--repeat", "3", "--tasks", "all"),
+    ),
+    Bench(
+        "metrics",
+        "metrics_scrape.py",
+        ("--entries", "20000", "--repeat", "3"),
+        ("--entries", "1000000", "--repeat", "5"),
     ),
 )
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # README command #2 (CI runs exactly this, through .ci/run): the whole suite.
 #   ./scripts/test.sh [pytest args...]          e.g. ./scripts/test.sh tests/orchestration -q
-# Bootstraps uv if missing, installs the locked environment, installs the PostgreSQL server
-# and chromium (browser tests) from Debian packages when they are missing and we are root,
+# Bootstraps uv if missing, installs the locked environment, installs the PostgreSQL server,
+# chromium (browser tests) and prometheus (promtool, for the alert rules' tests) from Debian
+# packages when they are missing and we are root,
 # then runs ruff (lint + format check), mypy and pytest. Every step runs; the exit status
 # is non-zero if any failed.
 set -euo pipefail
@@ -37,6 +38,20 @@ if ! command -v chromium >/dev/null 2>&1; then
   else
     echo "==> warning: chromium not found and not root: the browser tests will fail" \
       "(install chromium, or deselect them with -m 'not browser')" >&2
+  fi
+fi
+
+# The alert rules (deploy/prometheus) are tested with `promtool test rules`; Debian's
+# `prometheus` package ships promtool. Installed without recommends (no node exporter); where
+# services may start (no policy-rc.d), it also enables a Prometheus service on :9090.
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> promtool not found: installing it (apt-get install prometheus)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update </dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus </dev/null
+  else
+    echo "==> warning: promtool not found and not root: tests/deploy/test_monitoring.py will" \
+      "fail (install prometheus, or deselect it)" >&2
   fi
 fi
 

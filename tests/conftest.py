@@ -47,7 +47,7 @@ _SAVED_ENV: dict[str, str] = {}
 
 
 #: Variables that steer a test, not dueledger: kept through the isolation.
-_TEST_CONTROLS = frozenset({"DUELEDGER_SOAK_SEED"})
+_TEST_CONTROLS = frozenset({"DUELEDGER_SOAK_SEED", "DUELEDGER_SCREENSHOTS"})
 
 
 def _apply_isolated_env() -> None:

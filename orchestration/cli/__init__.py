@@ -16,6 +16,7 @@ from orchestration.cli.guard import (
     require_command_role,
 )
 from orchestration.cli.hooks import hooks_cmd
+from orchestration.cli.metrics import metrics_group
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group, summary_cmd
 from orchestration.cli.support import (
@@ -265,3 +266,5 @@ main.add_command(liveness_cmd)
 main.add_command(hooks_cmd)
 # `alerts` (alert channels and deliveries) lives in orchestration/cli/alerts.py.
 main.add_command(alerts_cmd)
+# `metrics serve|write` (Prometheus metrics from the ledger) lives in orchestration/cli/metrics.py.
+main.add_command(metrics_group)

@@ -73,6 +73,31 @@ def latest_finished_due(view: TaskView, now: datetime) -> Due | None:
     return Due(dues[-1]) if dues else None
 
 
+_RETRY: Final = "`dueledger runs retry {id} --operator NAME --reason TEXT{ack}`"
+_ACK: Final = " --acknowledge-side-effects"
+
+
+def next_step(state: str, task_key: str, entry: Entry | None) -> str:
+    """What an operator runs next for a due in ``state`` (issue 27: the check says it)."""
+    show = f"`dueledger runs show {entry.id}`" if entry is not None else ""
+    if entry is not None and state in (STATE_FAILED, STATE_DISPATCH_FAILED):
+        # Rule 4: a lease_reclaimed or dispatch_failed entry may have done its side effects.
+        risky = entry.status == t.STATUS_DISPATCH_FAILED or (
+            entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        )
+        return f"{show}, then once: " + _RETRY.format(id=entry.id, ack=_ACK if risky else "")
+    if state == STATE_STALE_LEASE and entry is not None:
+        return f"`dueledger reclaim` (fails it, lease_reclaimed), then {show}"
+    if state == STATE_MISSED:
+        return (
+            f"`dueledger summary` (missed_dues); to run the task now: `dueledger launch "
+            f"{task_key} --operator NAME --reason TEXT`"
+        )
+    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED):
+        return show or "`dueledger summary`"
+    return ""
+
+
 def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
     """A manual retry of ``entry`` (or of its retries) that succeeded."""
     pending = [entry]
@@ -97,6 +122,8 @@ def account_latest_due(
 
     def answer(state: str, passed: bool, detail: str, entry: Entry | None = None, **kw: Any):
         entry_id = entry.id if entry is not None else None
+        step = next_step(state, spec.key, entry)
+        detail = f"{detail}; next: {step}" if step else detail
         return DueAccount(spec.key, spec.asset, due, state, passed, detail, entry_id, **kw)
 
     if due is None:
@@ -138,8 +165,7 @@ def account_latest_due(
     return answer(
         state,
         False,
-        f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}; "
-        f"`dueledger runs show {entry.id}`",
+        f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}",
         entry,
     )
 

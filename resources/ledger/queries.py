@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import tags
+from resources.core.due import ORIGIN_DUE, Due
 from resources.core.entries import ACTION_RUN_REFUSED, DEFAULT_LIST_LIMIT, origin_of
 from resources.core.entry import Entry
 from resources.core.instants import iso
@@ -131,12 +132,20 @@ class LedgerQueries(LedgerStore):
             return [_audit_json(r) for r in conn.execute(query).mappings()]
 
     def first_activity(self, task_key: str) -> datetime | None:
-        """When the task first did anything here: its oldest entry's creation (the head of the
-        (task, created_at) index, so one index probe however long the ledger)."""
-        first = sa.func.min(entries.c.created_at)
-        query = sa.select(first).where(entries.c.task_key == task_key)
+        """When the task first did anything here: the earlier of its oldest entry's creation and
+        its oldest scheduled due. Two index probes however long the ledger: the head of the
+        ``(task, created_at)`` index, and of the unique ``(task, origin, dedup_key)`` index
+        among ``due:`` keys, whose text sorts as the instants do."""
+        created = sa.select(sa.func.min(entries.c.created_at)).where(entries.c.task_key == task_key)
+        due_key = sa.select(sa.func.min(entries.c.dedup_key)).where(
+            entries.c.task_key == task_key, entries.c.origin == ORIGIN_DUE
+        )
         with self._connect("autocommit") as conn:
-            return from_db(conn.execute(query).scalar())
+            first = from_db(conn.execute(created).scalar())
+            key = conn.execute(due_key).scalar()
+        due = Due.from_key(key).at if key else None
+        found = [x for x in (first, due) if x is not None]
+        return min(found) if found else None
 
     def recent_audit(
         self, *, action: str | None = None, since: datetime | None = None, limit: int = 100

@@ -1,9 +1,9 @@
 """``RunLedger``: the run ledger as a Dagster resource.
 
 It joins the read side (``queries.py``), the compare-and-set write side
-(``transitions.py``) and the alert delivery records (``deliveries.py``) over the shared
-plumbing (``store.py``), and migrates the schema once per process when Dagster sets the
-resource up for a run or a sensor tick.
+(``transitions.py``), the alert delivery records (``deliveries.py``) and the metrics scrape's
+queries (``metrics.py``) over the shared plumbing (``store.py``), and migrates the schema
+once per process when Dagster sets the resource up for a run or a sensor tick.
 """
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ import dagster as dg
 
 import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
+from resources.ledger.metrics import LedgerMetricsQueries
 from resources.ledger.queries import LedgerQueries
 from resources.ledger.scheduling import LedgerScheduling
 from resources.ledger.transitions import LedgerTransitions
 
 
-class RunLedger(LedgerTransitions, LedgerQueries, LedgerAlertDeliveries, LedgerScheduling):
+class RunLedger(
+    LedgerTransitions,
+    LedgerQueries,
+    LedgerAlertDeliveries,
+    LedgerScheduling,
+    LedgerMetricsQueries,
+):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 
     No database I/O happens when the resource is defined: the engine is created on first use.

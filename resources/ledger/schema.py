@@ -33,6 +33,21 @@ VERSION_TABLE: Final = "dueledger_alembic_version"
 ID_TYPE = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
+# The predicates of migration 0006's partial indexes, word for word: a query finds the few
+# entries with refused runs or failed hooks through them only when its WHERE is the same.
+# They never raise (a summary that is not valid JSON is simply not indexed).
+_SQLITE_SUMMARY = "CASE WHEN json_valid(summary) THEN summary END"
+SQLITE_REJECTED: Final = f"json_array_length({_SQLITE_SUMMARY}, '$.late_job_rejections') > 0"
+PG_REJECTED: Final = "(summary -> 'late_job_rejections') @> '[{}]'::jsonb"
+_FAILED_OUTCOMES = ("error", "timeout", "invalid")  # resources/core/metrics.py, a test checks
+SQLITE_HOOK_FAILED: Final = " OR ".join(
+    f"instr(json_extract({_SQLITE_SUMMARY}, '$.hooks'), '\"outcome\":\"{o}\"') > 0"
+    for o in _FAILED_OUTCOMES
+)
+PG_HOOK_FAILED: Final = " OR ".join(
+    f"(summary -> 'hooks') @> '[{{\"outcome\": \"{o}\"}}]'::jsonb" for o in _FAILED_OUTCOMES
+)
+
 metadata = sa.MetaData()
 
 entries = sa.Table(
@@ -89,6 +104,34 @@ entries = sa.Table(
         "finished_at",
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
+    ),
+    # Migration 0006 (issue 27): the Prometheus scrape (resources/ledger/metrics.py).
+    sa.Index(
+        "ix_dueledger_entries_task_status_trigger_kind",
+        "task_key",
+        "status",
+        "trigger",
+        "failure_kind",
+    ),
+    sa.Index(
+        "ix_dueledger_entries_task_status_finished",
+        "task_key",
+        "status",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL"),
+        sqlite_where=sa.text("finished_at IS NOT NULL"),
+    ),
+    sa.Index(
+        "ix_dueledger_entries_rejected",
+        "task_key",
+        postgresql_where=sa.text(PG_REJECTED),
+        sqlite_where=sa.text(SQLITE_REJECTED),
+    ),
+    sa.Index(
+        "ix_dueledger_entries_hook_failed",
+        "task_key",
+        postgresql_where=sa.text(PG_HOOK_FAILED),
+        sqlite_where=sa.text(SQLITE_HOOK_FAILED),
     ),
     sqlite_autoincrement=True,
 )

@@ -10,6 +10,9 @@ Which task each story uses, and why:
 - ticket_auto_close (re-execute a failed run): the only reader of ``tickets``, scheduled once
   a day (00:00 UTC), so renaming that table away fails no scheduled run.
 - billing_maintenance (backfill): the daily-partitioned task with outbox notices.
+- ledger_health (the page a person reads): materialized from the Catalog after a run of
+  ticket_auto_close's latest due (daily, so that due stays the latest one while the suite
+  runs), launched with the tags its schedule gives it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from browser_support import (
     DevServer,
     launch_backfill_from_asset_page,
     launch_from_job_launchpad,
+    launch_scheduled_run,
     materialize_from_catalog,
     reexecute,
 )
@@ -136,6 +140,32 @@ def backfill_twice(stage: Stage, page: Page) -> StoryRun:
     return {"first": first, "second": second, "outbox_after_first": after_first}
 
 
+def ledger_health_page(stage: Stage, page: Page) -> StoryRun:
+    """A run of ticket_auto_close's latest due as its schedule would launch it, then Catalog →
+    ledger_health → Materialize: the materialization whose page the test reads."""
+    server = stage.server
+    due = latest_daily_due()
+    due_run = launch_scheduled_run(server, FAILING_TASK, due)
+    ended = yield server.run_ended(due_run)
+    health_run = materialize_from_catalog(page, server, "ledger_health")
+    health = yield server.run_ended(health_run)
+    return {
+        "due": due,
+        "due_run": due_run,
+        "due_status": ended["status"],
+        "health_run": health_run,
+        "health_status": health["status"],
+    }
+
+
+def latest_daily_due() -> str:
+    """ticket_auto_close's latest due whose slot is over: today's 00:00 UTC (yesterday's
+    during the first slot of the day)."""
+    now = datetime.now(UTC)
+    day = now.date() if now.hour or now.minute >= 15 else now.date() - timedelta(days=1)
+    return f"{day.isoformat()}T00:00:00Z"
+
+
 #: Stories whose tests go last, longest last (their runs take longest; see conftest).
 LONGEST_LAST = ["reexecute_failed", "backfill_twice"]
 
@@ -146,4 +176,5 @@ STORIES: dict[str, Story] = {
     "launchpad": launchpad,
     "catalog": catalog,
     "reexecute_success": reexecute_success,
+    "ledger_health_page": ledger_health_page,
 }
