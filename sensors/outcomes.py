@@ -18,6 +18,9 @@ storage id) and applies ledger rules 2 and 5:
   no longer allowed: a queued run then fails when Dagster dequeues it, its job being gone)
   and every ``retrying`` entry of such a task -> ``failed`` with kind ``unsupported_task``
   and one alert (``orchestration/services/unsupported.py``), never retried;
+- failed before claiming an entry another run holds or finished (a duplicate: the second
+  daemon's run of a due) -> traced once in the entry's ``late_job_rejections``, nothing else
+  changes, so no failed run is missing from the ledger;
 - anything else — terminal entries above all — is left alone.
 
 Every step is a compare-and-set in the ledger and checks the entry first, so evaluating
@@ -68,6 +71,7 @@ from resources.ledger import (
     DISPATCHABLE_STATUSES,
     MAX_DISPATCH_FAILURES,
     SUMMARY_DISPATCH_FAILURES,
+    SUMMARY_REJECTIONS,
     Entry,
     RunLedger,
     dedup_key_for_due,
@@ -109,6 +113,7 @@ class Action(StrEnum):
     FAIL_ATTEMPT = "fail_attempt"  # owner died, Dagster retries -> ledger.fail (retrying)
     FAIL_FINAL = "fail_final"  # no further attempt will come -> failed
     UNSUPPORTED = "unsupported_task"  # its task is not registered -> failed, unsupported_task
+    TRACE_DUPLICATE = "trace_duplicate"  # a duplicate ended before claiming -> a rejection
 
 
 #: Why a task is not registered, naming its plugin (task key, the run's dueledger/source).
@@ -144,10 +149,28 @@ class RunOutcome:
         return f"Dagster run {self.run_id} {verb} {when}: {self.message}".strip()
 
 
+def _duplicate_untraced(entry: Entry, run_id: str) -> bool:
+    """Did ``run_id`` end before claiming an entry another run holds or finished, and is it
+    not traced on the entry yet (attempt, dispatch failure or rejection)?"""
+    if entry.status in DISPATCHABLE_STATUSES or run_id in entry.run_ids:
+        return False
+    if run_id in entry.dispatch_failure_run_ids:
+        return False
+    rejected = {str(r.get("run_id")) for r in entry.summary.get(SUMMARY_REJECTIONS, [])}
+    return run_id not in rejected
+
+
 def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     """Pure: the reconciler's decision for one ended run and the entry's current state."""
     if entry is None:
         return Action.DISPATCH_FAILED, "no ledger entry: the run never reached the task"
+    if _duplicate_untraced(entry, outcome.run_id):
+        # Found by the history checker (tests/history): a duplicate of a due -- the second
+        # daemon's run -- that died before claiming was in no entry, a failed run invisible
+        # to `summary` and `runs show` (DESIGN rule 4).
+        return Action.TRACE_DUPLICATE, (
+            f"entry is {entry.status} under another run: this run was a duplicate; traced"
+        )
     if entry.is_terminal:
         return Action.NONE, f"entry is {entry.status}: terminal, never overwritten"
     if outcome.run_id not in entry.run_ids:
@@ -221,6 +244,14 @@ def reconcile_run(
             entry = ledger.record_dispatch_failure(
                 entry.id, error=outcome.error_text(claimed=False), run_id=outcome.run_id, now=now
             )
+    elif action is Action.TRACE_DUPLICATE:
+        assert entry is not None
+        entry = ledger.reject(
+            entry.id,
+            outcome.run_id,
+            reason=f"{outcome.error_text(claimed=False)}; {reason}",
+            now=now,
+        )
     elif action is Action.FAIL_ATTEMPT:
         assert entry is not None
         entry = ledger.fail(
