@@ -6,8 +6,8 @@ Fixtures:
 - ``sqlite_url``: a ``sqlite:///`` URL to a file in the test's tmp_path (not created).
 - ``ledger_url``: parametrized ``sqlite`` / ``postgres`` (the latter marked ``postgres``).
 - ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared
-  (``DUELEDGER_SOAK_SEED``, ``DUELEDGER_HISTORY_SEED`` and ``DUELEDGER_HISTORY_DUES``,
-  which steer the soak and the fault harness, are kept).
+  (``DUELEDGER_SOAK_SEED``, ``DUELEDGER_HISTORY_*`` and ``DUELEDGER_CLUSTER_*``, which steer
+  the soak, the fault harness and the cluster tests, are kept).
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ _SAVED_ENV: dict[str, str] = {}
 
 #: Variables that steer a test, not dueledger: kept through the isolation.
 _TEST_CONTROLS = frozenset(
-    {"DUELEDGER_SOAK_SEED", "DUELEDGER_HISTORY_SEED", "DUELEDGER_HISTORY_DUES"}
+    {
+        "DUELEDGER_SOAK_SEED",
+        "DUELEDGER_HISTORY_SEED",
+        "DUELEDGER_HISTORY_DUES",
+        "DUELEDGER_CLUSTER_SEED",
+        "DUELEDGER_CLUSTER_TASKS",
+        "DUELEDGER_CLUSTER_SLOTS",
+    }
 )
 
 
