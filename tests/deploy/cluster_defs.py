@@ -11,9 +11,12 @@ keyed like the domain's effects, with a pause before each (``CLUSTER_WORK_SECOND
 fault can land in the middle). Lean on purpose: no pandas, the in-process executor, so a run
 worker costs what Dagster itself costs.
 
-Environment: ``DUELEDGER_DATABASE_URL`` (ledger, claim log and sink, one database: the fence is
-atomic with the effect), ``CLUSTER_TASKS``, ``CLUSTER_WORK_SECONDS``, ``CLUSTER_HOST``, and
-``CLUSTER_WORKER_NETNS`` (test_netns_topology: run workers start in that network namespace).
+Environment: ``DUELEDGER_DATABASE_URL`` (ledger, claim log and sink, one database: the fence
+is atomic with the effect), ``CLUSTER_TASKS``, ``CLUSTER_WORK_SECONDS``,
+``CLUSTER_LEASE_SECONDS`` (the timeout is three quarters of it), ``CLUSTER_SLOW_SECONDS`` (the
+first task's extra pause), ``CLUSTER_HOST``, and ``CLUSTER_WORKER_EXECUTABLE``
+(test_netns_topology: the run workers' Python, a wrapper that starts them in their own network
+namespace).
 """
 
 import multiprocessing
@@ -46,8 +49,10 @@ SLOT_MINUTES = 1
 TASK_COUNT = int(os.environ.get("CLUSTER_TASKS", "6"))
 EFFECTS = 2
 WORK_SECONDS = float(os.environ.get("CLUSTER_WORK_SECONDS", "1.0"))
-TIMEOUT = timedelta(seconds=30)
-LEASE_TTL = timedelta(seconds=40)
+LEASE_TTL = timedelta(seconds=float(os.environ.get("CLUSTER_LEASE_SECONDS", "40")))
+TIMEOUT = LEASE_TTL * 3 / 4
+#: The first task pauses this much longer before its last effect: a fault can land mid-run.
+SLOW_SECONDS = float(os.environ.get("CLUSTER_SLOW_SECONDS", "0"))
 
 SPECS = tuple(
     TaskSpec(
@@ -64,7 +69,7 @@ SPECS = tuple(
 VIEWS = build_views(SPECS, SLOT_MINUTES, "UTC")
 HOOKS = Hooks.from_environment()
 
-if os.environ.get("CLUSTER_WORKER_NETNS"):
+if os.environ.get("CLUSTER_WORKER_EXECUTABLE"):
     # The code server starts each run worker with multiprocessing's spawn; this wrapper
     # starts it in the run workers' own network namespace -- their own "host" -- so a
     # partition can cut them off from PostgreSQL alone (tests/deploy/netns.py writes it).
@@ -107,6 +112,8 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
                 )
             for number in range(EFFECTS):
                 time.sleep(pace.uniform(0.5, 1.5) * WORK_SECONDS)
+                if spec is SPECS[0] and number == EFFECTS - 1:
+                    time.sleep(SLOW_SECONDS)
                 name = f"notify-{number}"
                 with effect_transaction(engine, run.guard, name) as conn:
                     key = {"task": spec.key, "due": _due(run.as_of), "effect": name}

@@ -10,9 +10,9 @@ every due is checked: one side effect per due from one claim held by one process
 daemon's run refused (``dueledger/outcome=refused``, not a failure in ``summary``), every due
 classified -- none missed -- and every failed run visible.
 
-Size: ``DUELEDGER_CLUSTER_TASKS`` tasks (default 6) for ``DUELEDGER_CLUSTER_SLOTS`` one-minute
-slots (default 3): 18 dues, 3-4 minutes on a 2-core machine. Full size (docs/reliability.md):
-20 tasks x 25 slots = 500 dues, about 35 minutes there. ``DUELEDGER_CLUSTER_SEED`` replays
+Size: ``DUELEDGER_CLUSTER_TASKS`` tasks (default 8) for ``DUELEDGER_CLUSTER_SLOTS`` one-minute
+slots (default 2): 16 dues, about 3 minutes on a 2-core machine. Full size
+(docs/reliability.md): 20 tasks x 25 slots = 500 dues. ``DUELEDGER_CLUSTER_SEED`` replays
 the kill times. Marked ``cluster``: ``-m "not cluster"`` leaves it out.
 """
 
@@ -73,8 +73,8 @@ pytestmark = [
     pytest.mark.timeout(3600),
 ]
 
-TASKS = int(os.environ.get("DUELEDGER_CLUSTER_TASKS") or 6)
-SLOTS = int(os.environ.get("DUELEDGER_CLUSTER_SLOTS") or 3)
+TASKS = int(os.environ.get("DUELEDGER_CLUSTER_TASKS") or 8)
+SLOTS = int(os.environ.get("DUELEDGER_CLUSTER_SLOTS") or 2)
 LEASE_TTL = timedelta(seconds=40)  # cluster_defs.LEASE_TTL
 #: A due must be settled this long after it (plus the lease TTL): the queue drains after the
 #: last due at the machine's pace (each run worker a fresh process).
