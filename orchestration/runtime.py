@@ -605,6 +605,18 @@ def task_run(
         _mark_run(context, result.entry, refused=True)
         yield TaskRun(False, result.entry, as_of, spec.key, result.reason)
         return
+    if result.reentrant:
+        # A second process of this Dagster run: two daemons dequeued it at once (dagster
+        # #33962), or its worker was restarted. The claim is the other process's; acting
+        # under it would do the work twice (found by tests/history's shared_claim rule).
+        reason = (
+            f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds "
+            f"it in another process; this process does nothing (a second worker of one run)"
+        )
+        context.log.warning(reason)
+        refused = ledger.reject(entry.id, run_id, reason=reason)
+        yield TaskRun(False, refused, as_of, spec.key, reason)
+        return
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"
