@@ -33,7 +33,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,15 @@ from history.collect import (
     sink_records,
     summary_records,
 )
+from history.harness_model import (
+    FAULTS,
+    MAX_REDISPATCHES,
+    RECLAIM_EVERY,
+    SLOT,
+    HarnessConfig,
+    Run,
+)
+from history.harness_model import due_text as _due
 from history.history_format import HistoryWriter, stamp
 
 from orchestration.operators import Operators
@@ -63,73 +72,6 @@ from resources.effects import effect_transaction
 from resources.ledger import RunLedger
 from resources.ledger.fence import LedgerGuard
 from sensors.outcomes import RunOutcome, reconcile_run
-
-FAULTS = (
-    "kill_before_claim",
-    "kill_after_claim",
-    "kill_between_effects",
-    "kill_after_effects",
-    "pause_past_lease",
-    "error_before_effects",
-    "error_after_effects",
-)
-
-
-@dataclass(frozen=True)
-class Rates:
-    """Per-run probabilities of each fault (the rest run cleanly), and per-due ones."""
-
-    kill_before_claim: float = 0.02
-    kill_after_claim: float = 0.02
-    kill_between_effects: float = 0.02
-    kill_after_effects: float = 0.02
-    pause_past_lease: float = 0.03
-    error_before_effects: float = 0.02
-    error_after_effects: float = 0.02
-    duplicate: float = 0.10  # per due
-    not_dispatched: float = 0.005  # per due (never the task's first)
-    undetected_death: float = 0.3  # Dagster never notices the dead worker: reclaim only
-    manual_retry: float = 0.5  # share of final failures an operator retries at the end
-    skew_seconds: float = 30.0
-
-
-@dataclass(frozen=True)
-class HarnessConfig:
-    tasks: int
-    slots: int
-    seed: int
-    rates: Rates = Rates()
-    lease_ttl: timedelta = timedelta(seconds=120)
-    max_attempts: int = 2
-    effects_per_due: int = 2
-    start: datetime = datetime(2026, 1, 5, tzinfo=UTC)
-    #: A due must be classified by due + window + lease TTL (the checker's deadline).
-    window: timedelta = timedelta(minutes=5)
-
-    @property
-    def dues(self) -> int:
-        return self.tasks * self.slots
-
-
-SLOT = timedelta(minutes=1)
-RECLAIM_EVERY = 10.0  # seconds between reclaim sensor ticks
-MAX_REDISPATCHES = 3
-
-
-@dataclass
-class Run:
-    """One simulated Dagster run (one worker process)."""
-
-    run_id: str
-    task: str
-    due: datetime
-    tags: dict[str, str]
-    fault: str | None
-    skew: float
-    retry_number: int = 0
-    status: str = "STARTED"
-    outcome: str | None = None
-    worker: str = ""
 
 
 @dataclass(order=True)
@@ -558,10 +500,6 @@ class Harness:
         self.history.write_all(summary_records(summary, [s.key for s in self.specs], dues))
         self.history.close()
         return {"runs": len(self.runs), "history": str(self.history.path)}
-
-
-def _due(due: datetime) -> str:
-    return due.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def run_harness(config: HarnessConfig, ledger_url: str, out: Path) -> dict[str, Any]:
