@@ -33,7 +33,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.services.hooks import Hooks
-from orchestration.services.runtime import TaskRun, task_run
+from orchestration.services.runtime import SecondWorkerOfRun, TaskRun, task_run
 from orchestration.services.task_plugins import registered_tasks
 from resources.core.registry import require_task
 from resources.ledger import RunLedger
@@ -65,12 +65,15 @@ class TaskAsset:
             context: dg.AssetExecutionContext, ledger: RunLedger, **params: Any
         ) -> Iterator[Any]:
             spec = require_task(registered_tasks(), task_key)
-            with task_run(context, ledger, spec, hooks=hooks) as run:
-                if wants_ledger:
-                    params[_LEDGER] = ledger
-                if wants_hooks:
-                    params[_HOOKS] = hooks
-                yield from body(context, run, **params)
+            try:
+                with task_run(context, ledger, spec, hooks=hooks) as run:
+                    if wants_ledger:
+                        params[_LEDGER] = ledger
+                    if wants_hooks:
+                        params[_HOOKS] = hooks
+                    yield from body(context, run, **params)
+            except SecondWorkerOfRun:
+                return  # the run's other process holds the claim and does the work
 
         # Dagster reads resources and config off the signature: the body's, less what the
         # factory supplies, plus the ledger every task run claims against.

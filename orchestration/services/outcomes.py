@@ -107,6 +107,14 @@ def reconcile_run(
             entry = ledger.record_dispatch_failure(
                 entry.id, error=outcome.error_text(claimed=False), run_id=outcome.run_id, now=now
             )
+    elif action is Action.TRACE_DUPLICATE:
+        assert entry is not None
+        entry = ledger.reject(
+            entry.id,
+            outcome.run_id,
+            reason=f"{outcome.error_text(claimed=False)}; {reason}",
+            now=now,
+        )
     elif action is Action.FAIL_ATTEMPT:
         assert entry is not None
         entry = ledger.fail(

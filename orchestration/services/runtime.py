@@ -52,6 +52,12 @@ from resources.ledger import Entry, RunLedger
 from resources.ledger.fence import LedgerGuard
 
 
+class SecondWorkerOfRun(Exception):
+    """Raised by :func:`task_run` in a second process of a run whose first process holds the
+    claim: the body must not run, and this process ends without acting (``task_asset``
+    returns quietly; the run's outcome is its first process's)."""
+
+
 @dataclass(frozen=True)
 class TaskRun:
     """What the task body gets: the entry its run claimed, its "as of" instant, and the key of
@@ -128,6 +134,18 @@ def task_run(
     if not result.claimed:
         reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
         end_refused_run(context, ledger, reason, result.entry, request)
+    if result.reentrant:
+        # A second process of this Dagster run: two daemons dequeued it at once (dagster
+        # #33962), or its worker was restarted. The claim is the other process's; acting
+        # under it would do the work twice (found by tests/history's shared_claim rule). Not
+        # end_refused_run: canceling the run would cancel the process that does the work.
+        reason = (
+            f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds "
+            f"it in another process; this process does nothing (a second worker of one run)"
+        )
+        context.log.warning(reason)
+        ledger.reject(entry.id, run_id, reason=reason)
+        raise SecondWorkerOfRun(reason)
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"

@@ -4,7 +4,8 @@
 is idempotent and safe when processes race: cheap when the schema is already at head (one
 read, no lock); otherwise the upgrade runs in one transaction that first takes a
 cross-process lock (PostgreSQL: ``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMEDIATE``), so
-a second process waits, then finds the schema at head and does nothing.
+a second process waits, then finds the schema at head and does nothing. A database a newer
+dueledger already migrated further (a rolling upgrade) is left as it is: migrations only add.
 
 ``migrate_once`` is what resource set-up calls: the first use of a database URL in a process
 runs ``upgrade``, later uses (every run, every sensor tick) cost a set lookup. The memo is
@@ -43,6 +44,18 @@ def migration_head() -> str:
     return head
 
 
+def _number(revision: str) -> int | None:
+    prefix = revision.split("_", 1)[0]
+    return int(prefix) if prefix.isdigit() else None
+
+
+def is_newer_revision(revision: str, head: str) -> bool:
+    """Is ``revision`` (the database's) a later one than this code's ``head``, by the number
+    every ledger revision starts with? An unnumbered or older unknown one is not."""
+    theirs, ours = _number(revision), _number(head)
+    return theirs is not None and ours is not None and theirs > ours
+
+
 def upgrade(runtime: Runtime) -> None:
     """Apply the migrations up to head on ``runtime``'s database (see the module docstring)."""
     # Alembic is loaded when a migration check runs, not by every importer of the ledger.
@@ -57,6 +70,12 @@ def upgrade(runtime: Runtime) -> None:
                 conn.execution_options(**{TX_OPTION: "read"})
             current = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
         if current == [(head,)]:
+            return
+        if len(current) == 1 and is_newer_revision(str(current[0][0]), head):
+            # A newer dueledger migrated this database: a rolling upgrade, its workers beside
+            # ours. Its migrations only added (nullable or defaulted columns, tables,
+            # indexes; tests/resources/test_ledger_migration_rules.py), so this code's
+            # statements still work on it; migrating "down" to our head is not a thing.
             return
     except sa.exc.DBAPIError:
         pass  # no version table yet (or unreadable): the locked path below decides

@@ -141,6 +141,9 @@ class ClaimResult:
     claimed: bool
     entry: Entry
     reason: str | None
+    #: The caller's run already held the entry: nothing changed, the fence is the one that
+    #: run got before -- possibly in another process of the same Dagster run.
+    reentrant: bool = False
 
     @property
     def fence(self) -> Fence | None:

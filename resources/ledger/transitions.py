@@ -164,7 +164,7 @@ class LedgerTransitions(LedgerStore):
             entry = self._load(conn, entry_id, lock=True)
             decision = rules.claim(entry, run_id, now=at, lease_ttl=ttl)
             if decision.allowed and not decision.changes:  # re-entrant: the owner again
-                return ClaimResult(claimed=True, entry=entry, reason=None)
+                return ClaimResult(claimed=True, entry=entry, reason=None, reentrant=True)
             if decision.allowed:
                 # It became claimable since the first UPDATE (e.g. a failure -> retrying).
                 row = conn.execute(self._rt().sql.claim, params).mappings().one()

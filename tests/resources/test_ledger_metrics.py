@@ -5,10 +5,8 @@ the query repeats its predicate word for word)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import pytest
 import sqlalchemy as sa
 
 from orchestration.services.hooks import model as hooks_model
@@ -22,14 +20,6 @@ DUE = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
 SLOT = timedelta(minutes=15)
 TTL = timedelta(minutes=5)
 NOW = DUE + 8 * SLOT
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=ledger_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def scheduled(ledger: RunLedger, due: datetime, task: str = TASK, attempts: int = 1):

@@ -5,7 +5,6 @@ link of its entry; the next command fits the state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,18 +15,17 @@ from orchestration.services.health_page import latest_due_rows, latest_dues_mark
 from resources.core import tags as t
 from resources.ledger import RunLedger, dedup_key_for_due
 
+
+@pytest.fixture
+def ledger_url(sqlite_url: str) -> str:
+    """This module's ledger is SQLite only."""
+    return sqlite_url
+
+
 SLOT = timedelta(minutes=15)
 NOW = datetime(2026, 11, 30, 23, 5, tzinfo=UTC)  # the latest finished slot's due: 22:45
 LATEST = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 TTL = timedelta(minutes=5)
-
-
-@pytest.fixture
-def ledger(sqlite_url: str) -> Iterator[RunLedger]:
-    resource = RunLedger(database_url=sqlite_url)
-    resource.migrate()
-    yield resource
-    resource.dispose()
 
 
 def views():

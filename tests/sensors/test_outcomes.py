@@ -187,6 +187,29 @@ DECISIONS = [
         "a duplicate run while another run holds the lease",
         make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-a",), lease_owner="run-a"),
         FAILED_RUN,
+        Action.TRACE_DUPLICATE,
+    ),
+    (
+        # Found by the history checker: the second daemon's run of a due, dead before
+        # claiming, was in no entry.
+        "a duplicate run that died before claiming a due another run finished",
+        make_entry(status=t.STATUS_SUCCESS, attempt=1, run_ids=("run-a",)),
+        NO_RETRY,
+        Action.TRACE_DUPLICATE,
+    ),
+    (
+        "a duplicate already traced (its claim was refused)",
+        make_entry(
+            status=t.STATUS_SUCCESS,
+            attempt=1,
+            run_ids=("run-a",),
+            summary={
+                "late_job_rejections": [{"run_id": "run-x", "action": "claim"}],
+                "dispatch_failures": [],
+                "hooks": [],
+            },
+        ),
+        FAILED_RUN,
         Action.NONE,
     ),
 ]
@@ -647,6 +670,20 @@ def test_a_retrying_entry_whose_retry_will_not_come_is_failed_keeping_its_error(
     after = ledger.get(entry.id)
     assert after is not None
     assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
+
+
+def test_a_duplicate_that_died_before_claiming_is_traced_on_the_entry_once(ledger):
+    entry = _claimed(ledger, "run-a")
+    assert ledger.succeed(entry.id, "run-a", now=LATER)
+    outcome = RunOutcome("run-x", "FAILURE", will_retry=False, message="worker killed")
+    done = reconcile_run(ledger, TAGS, outcome, {}, now=LATER)
+    assert done.action is Action.TRACE_DUPLICATE
+    after = ledger.get(entry.id)
+    assert after is not None and after.status == t.STATUS_SUCCESS
+    (traced,) = after.summary["late_job_rejections"]
+    assert traced["run_id"] == "run-x" and "duplicate" in traced["reason"]
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
+    assert ledger.get(entry.id) == after
 
 
 def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_once(ledger):
