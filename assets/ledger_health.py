@@ -14,13 +14,22 @@ The asset also carries the ledger's own checks -- ``no_stale_leases``, ``no_lost
 and executable from the Catalog; this body does not run them.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 import dagster as dg
 
-from orchestration.catalog import task_views
 from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
 from orchestration.services.ledger_checks import LEDGER_HEALTH_TASK
 from orchestration.services.runtime import TaskRun
-from orchestration.services.summary import ledger_summary, summary_metadata
+from orchestration.services.summary import (
+    ATTENTION_COLUMNS,
+    SUMMARY_TOTALS,
+    TASK_COLUMNS,
+    ledger_summary,
+    summary_markdown,
+)
+from orchestration.services.views import task_views
 from orchestration.task_asset import task_asset
 from resources.ledger import RunLedger
 
@@ -42,3 +51,32 @@ def ledger_health(context: dg.AssetExecutionContext, run: TaskRun, ledger: RunLe
     page = dg.MetadataValue.md(latest_dues_markdown(latest, summary["as_of"]))
     metadata = {"latest_dues": page, **summary_metadata(summary), "ledger_entry": run.entry.id}
     yield dg.MaterializeResult(metadata=metadata)
+
+
+def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Asset metadata: the numbers, the per-task table and a Markdown report."""
+    int_columns = [
+        c for c in TASK_COLUMNS if c not in ("task_key", "missed_slot_policy", "last_success_at")
+    ]
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(c, "int" if c in int_columns else "string") for c in TASK_COLUMNS]
+    )
+    records = [
+        dg.TableRecord({c: (row[c] if c in int_columns else (row[c] or "")) for c in TASK_COLUMNS})
+        for row in summary["tasks"]
+    ]
+    numbers = {k: int(summary[k]) for k in (*SUMMARY_TOTALS, "missed_24h", "paused_24h")}
+    attention = [
+        dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
+        for row in summary.get("attention", [])
+    ]
+    return {
+        **numbers,
+        "as_of": summary["as_of"],
+        "needs_attention": dg.MetadataValue.table(
+            records=attention,
+            schema=dg.TableSchema(columns=[dg.TableColumn(c, "string") for c in ATTENTION_COLUMNS]),
+        ),
+        "per_task": dg.MetadataValue.table(records=records, schema=schema),
+        "report": dg.MetadataValue.md(summary_markdown(summary)),
+    }

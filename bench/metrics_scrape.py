@@ -58,9 +58,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from run import KIND_CHECK, Row, write_json
 
-from orchestration.catalog import task_views
 from orchestration.cli.exposition import LedgerCollector
 from orchestration.services.metrics import MissedDuesMemo, scrape
+from orchestration.services.views import task_views
 from resources.core import tags
 from resources.ledger import RunLedger
 from resources.ledger.schema import alert_deliveries, entries

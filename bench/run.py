@@ -24,6 +24,9 @@ script merges them:
 - ``metrics``: ``bench/metrics_scrape.py`` -- one Prometheus scrape of `dueledger metrics
   serve` vs ``SELECT count(*)`` on the same ledger, before and after migration 0005 (target
   <= 200 ms at 1,000,000 entries).
+- ``reads``: ``bench/reads.py`` -- the CLI's read commands cold (CPU) vs ``python -c pass``
+  and ``sqlite3``, none importing Dagster (target: `runs list` <= 0.4 s CPU), and
+  ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -452,6 +455,12 @@ BENCHES: tuple[Bench, ...] = (
         "metrics_scrape.py",
         ("--entries", "20000", "--repeat", "3"),
         ("--entries", "1000000", "--repeat", "5"),
+    ),
+    Bench(
+        "reads",
+        "reads.py",
+        ("--entries", "10000", "--rounds", "3"),
+        ("--entries", "100000", "--rounds", "5"),
     ),
 )
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from orchestration.catalog import task_views
+from orchestration.services.views import task_views
 from resources.core.instants import utc_now
 from resources.core.registry import CATCH_UP, TaskView
 from sensors.audit import build_catch_up_sensor

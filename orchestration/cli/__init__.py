@@ -18,7 +18,8 @@ from orchestration.cli.guard import (
 from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.metrics import metrics_group
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
-from orchestration.cli.runs import runs_group, summary_cmd
+from orchestration.cli.runs import runs_group
+from orchestration.cli.summary import summary_cmd
 from orchestration.cli.support import (
     dagster_instance,
     handle_errors,
@@ -63,9 +64,9 @@ def tasks_cmd(as_json: bool) -> None:
     listed after the table (with --json: on stderr; `dueledger hooks --json` has them)."""
     import warnings
 
-    # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catalog import task_views
+    # Imported when this command runs, so the other commands do not load them.
     from orchestration.services.task_plugins import task_registry
+    from orchestration.services.views import task_views
 
     settings = load_settings()
     # Load errors are printed below; their log lines would only repeat them on stderr.

@@ -20,15 +20,15 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from orchestration.catalog import task_views
 from orchestration.services.metrics import MissedDuesMemo, scrape
+from orchestration.services.views import task_views
 from resources.core import metrics as m
 from resources.core.settings import load_settings
 
 if TYPE_CHECKING:
     import dagster as dg
 
-    from resources.ledger import RunLedger
+    from resources.ledger import Ledger
 
 
 def _family(family: m.Family) -> Metric:
@@ -81,7 +81,7 @@ class LedgerCollector(Collector):
 
 
 def snapshot_source(
-    ledger: RunLedger, instance: dg.DagsterInstance | None
+    ledger: Ledger, instance: dg.DagsterInstance | None
 ) -> Callable[[], m.MetricsSnapshot]:
     """A scrape of ``ledger`` (and ``instance``) for the registered tasks, as of each call."""
     settings = load_settings()

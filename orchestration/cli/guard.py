@@ -18,7 +18,7 @@ from orchestration.cli.runs import acting_operator, load_operators, require_role
 from orchestration.cli.support import open_ledger
 from resources.core.operators import Decision
 from resources.core.settings import Settings
-from resources.ledger import RunLedger
+from resources.ledger import Ledger
 
 ACTION_RECLAIM: Final = "reclaim"
 ACTION_LIVENESS_ALERT: Final = "liveness_alert"
@@ -30,7 +30,7 @@ ACTION_SAMPLE_DATA_REPLACE: Final = "sample_data_replace"
 class Grant:
     """The role check a command passed: who acts (None: no allow-list, nothing audited)."""
 
-    ledger: RunLedger | None
+    ledger: Ledger | None
     operator: str | None
     action: str
     role: str
@@ -54,7 +54,7 @@ class Grant:
 
 
 def require_command_role(
-    settings: Settings, action: str, role: str, *, ledger: RunLedger | None = None
+    settings: Settings, action: str, role: str, *, ledger: Ledger | None = None
 ) -> Grant:
     """Refuse (exit 3, audited) unless the caller holds ``role`` under the allow-list; no
     allow-list: allowed, as before. Runs before the command changes anything."""

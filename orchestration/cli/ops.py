@@ -166,9 +166,9 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catalog import task_views
     from orchestration.services.alerts import Alerts
     from orchestration.services.liveness import check_liveness
+    from orchestration.services.views import task_views
     from resources.core.alerting import (
         ENV_ALERTS_FILE,
         ENV_EMAIL_TO,

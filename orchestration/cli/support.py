@@ -25,7 +25,7 @@ from resources.core.settings import PROJECT_ROOT, Settings, SettingsError, load_
 if TYPE_CHECKING:
     import dagster as dg
 
-    from resources.ledger import RunLedger
+    from resources.ledger import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,11 +114,11 @@ def dagster_instance() -> dg.DagsterInstance:
     return instance
 
 
-def open_ledger(settings: Settings) -> RunLedger:
+def open_ledger(settings: Settings) -> Ledger:
     # Imported when this command runs, so the other commands do not load it.
-    from resources.ledger import RunLedger
+    from resources.ledger import Ledger
 
-    ledger = RunLedger(database_url=settings.ledger_url)
+    ledger = Ledger.open(settings.ledger_url)
     # Not set up by Dagster here: the CLI process migrates the ledger on its first use.
     ledger.ensure_migrated()
     return ledger

@@ -24,7 +24,7 @@ from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot
 from resources.core.dues import DueVerdict, due_verdict
 from resources.core.registry import TaskView
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 
 CHECK_NAME: Final = "latest_due_accounted_for"
 #: How far back the latest due is looked for: twice the task's cadence, at most 8 days.
@@ -98,7 +98,7 @@ def next_step(state: str, task_key: str, entry: Entry | None) -> str:
     return ""
 
 
-def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
+def _retried_success(ledger: Ledger, entry: Entry) -> Entry | None:
     """A manual retry of ``entry`` (or of its retries) that succeeded."""
     pending = [entry]
     while pending:
@@ -111,7 +111,7 @@ def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
 
 def account_latest_due(
     view: TaskView,
-    ledger: RunLedger,
+    ledger: Ledger,
     now: datetime,
     *,
     instance: dg.DagsterInstance | None = None,

@@ -31,7 +31,7 @@ from resources.core.due import floor_to_slot, format_due, parse_due
 from resources.core.dues import DueVerdict, Scheduling, due_verdict
 from resources.core.registry import TaskView, decide_tick
 from resources.core.slots import cron_fire_times
-from resources.ledger import RunLedger
+from resources.ledger import Ledger
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -85,7 +85,7 @@ class TaskAudit:
         }
 
 
-def _ledger_dues(ledger: RunLedger, task_key: str, since: datetime) -> set[datetime]:
+def _ledger_dues(ledger: Ledger, task_key: str, since: datetime) -> set[datetime]:
     dues: set[datetime] = set()
     cursor: str | None = None
     while True:
@@ -119,7 +119,7 @@ def _parse(text: str | None) -> datetime | None:
 
 def audit_task(
     view: TaskView,
-    ledger: RunLedger,
+    ledger: Ledger,
     now: datetime,
     *,
     window: timedelta = DEFAULT_AUDIT_WINDOW,
@@ -158,7 +158,7 @@ def audit_task(
 
 
 def audit_tasks(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Iterable[TaskView],
     now: datetime,
     *,

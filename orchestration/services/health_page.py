@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
-
-import dagster as dg
+from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services import accounting as acc
 from orchestration.services.accounting import account_latest_due, next_step
 from resources.core import tags as t
 from resources.core.registry import TaskView
-from resources.ledger import RunLedger
+from resources.ledger import Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 #: What a person looks at first comes first: the UI shows the table in a narrow column.
 COLUMNS: Final = ("task", "status", "lag", "runs", "latest due", "next")
@@ -34,7 +35,7 @@ _STATE_WORDS: Final = {
 
 
 def latest_due_rows(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     *,

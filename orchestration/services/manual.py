@@ -31,7 +31,7 @@ from resources.core.checks import check_reason, check_request_id
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import check_operator_name
 from resources.core.registry import TaskSpec, find_task, task_run_tags
-from resources.ledger import RunLedger, dedup_key_for_request
+from resources.ledger import Ledger, dedup_key_for_request
 
 #: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.
 Submit = Callable[[str, str, Mapping[str, str]], object]
@@ -79,7 +79,7 @@ def launch_manual(
     reason: str,
     request_id: str | None,
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     hooks: Hooks,
     submit: Submit = submit_run,
 ) -> LaunchResult:
@@ -187,9 +187,7 @@ def latest_dispatch(
     return latest
 
 
-def _needs_redispatch(
-    ledger: RunLedger, run: dg.DagsterRun, task_key: str, request_id: str
-) -> bool:
+def _needs_redispatch(ledger: Ledger, run: dg.DagsterRun, task_key: str, request_id: str) -> bool:
     """The request's newest run has ended and its entry is ``dispatch_failed``: the run never
     claimed it (ledger_outcome_sensor recorded that), so nothing of it ran."""
     if not run.is_finished:

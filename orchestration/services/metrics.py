@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final
-
-import dagster as dg
+from typing import TYPE_CHECKING, Final
 
 from orchestration.services.audit import audit_tasks
 from orchestration.services.hooks.model import EVENTS as HOOK_EVENTS
@@ -25,7 +23,10 @@ from resources.core import metrics as m
 from resources.core import tags as t
 from resources.core.due import floor_to_slot
 from resources.core.registry import TaskView
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 #: Entries created this long before the window are still read for "needs attention" (as the
 #: summary does: an entry created earlier may have failed inside the window).
@@ -33,7 +34,7 @@ _ATTENTION_LOOKBACK: Final = timedelta(hours=24)
 
 
 def missed_dues(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     *,
@@ -71,7 +72,7 @@ class MissedDuesMemo:
         return dict(self._value)
 
 
-def _lags(ledger: RunLedger, since: datetime) -> dict[tuple[str, str], list[float]]:
+def _lags(ledger: Ledger, since: datetime) -> dict[tuple[str, str], list[float]]:
     lags: dict[tuple[str, str], list[float]] = {}
     for row in ledger.due_times_since(since):
         if row.started_at is not None:
@@ -83,7 +84,7 @@ def _lags(ledger: RunLedger, since: datetime) -> dict[tuple[str, str], list[floa
     return lags
 
 
-def _attention(ledger: RunLedger, now: datetime, since: datetime) -> list[m.AttentionEntry]:
+def _attention(ledger: Ledger, now: datetime, since: datetime) -> list[m.AttentionEntry]:
     """The summary's "needs attention" rows (``summary.attention_rows``), read from only the
     entries that can be one: failed or dispatch_failed ones of the window, running ones."""
     candidates: dict[int, Entry] = {
@@ -113,7 +114,7 @@ def _attention(ledger: RunLedger, now: datetime, since: datetime) -> list[m.Atte
 
 
 def scrape(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime | None = None,
     *,

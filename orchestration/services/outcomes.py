@@ -48,7 +48,7 @@ from resources.ledger import (
     DEFAULT_MAX_ATTEMPTS,
     SUMMARY_DISPATCH_FAILURES,
     Entry,
-    RunLedger,
+    Ledger,
 )
 
 #: A failed run without ``dagster/will_retry`` yet (the tag is written just after the
@@ -78,7 +78,7 @@ def explain_unregistered(task_key: str, recorded_source: str | None) -> str:
 
 
 def reconcile_run(
-    ledger: RunLedger,
+    ledger: Ledger,
     tags: Mapping[str, str],
     outcome: RunOutcome,
     specs_max_attempts: Mapping[str, int],
@@ -130,7 +130,7 @@ def reconcile_run(
 
 
 def end_unregistered(
-    ledger: RunLedger,
+    ledger: Ledger,
     request: EntryRequest,
     run_id: str,
     registered: Sequence[TaskSpec],
@@ -254,7 +254,7 @@ def _load_cursor(text: str | None) -> dict[str, int]:
 
 def reconcile_events(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     cursor: str | None,
     now: datetime,
@@ -328,7 +328,7 @@ def reconcile_events(
 
 def settle_abandoned_retries(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     log: Any | None = None,
@@ -470,7 +470,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
 
 def end_unregistered_retry(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     entry: Entry,
     registered: Sequence[TaskSpec],
     *,
@@ -494,7 +494,7 @@ def end_unregistered_retry(
 
 def _end_unregistered_run(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     tags: Mapping[str, str],
     run_id: str,
     registered: Sequence[TaskSpec],

@@ -48,7 +48,7 @@ from resources.core.requests import (
     task_tags,
     unissued_launch,
 )
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 from resources.ledger.fence import LedgerGuard
 
 
@@ -79,7 +79,7 @@ class TaskRun:
 @contextmanager
 def task_run(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     spec: TaskSpec,
     *,
     hooks: Hooks,
@@ -208,7 +208,7 @@ def task_run(
 
 def end_unsupported_run(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     hooks: Hooks,
     request: EntryRequest,
     tasks: Sequence[TaskSpec],
@@ -257,7 +257,7 @@ def end_unsupported_run(
 
 
 def settle_parent_of_automatic_retry(
-    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry
 ) -> Entry:
     """Ledger rule 2 for Dagster's automatic retries (issue 4).
 
@@ -290,7 +290,7 @@ def settle_parent_of_automatic_retry(
 
 
 def resume_dispatch_failed_entry_in_its_retry(
-    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry
 ) -> Entry:
     """Ledger rule 5 for Dagster's automatic retries.
 
@@ -344,7 +344,7 @@ def partition_window_end(context: dg.AssetExecutionContext) -> datetime | None:
 
 def end_refused_run(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     message: str,
     entry: Entry | None,
     request: EntryRequest,
@@ -377,7 +377,7 @@ def end_refused_run(
     raise dg.DagsterExecutionInterruptedError(f"refused by the ledger: {message}")
 
 
-def lineage_root(ledger: RunLedger, entry: Entry) -> int:
+def lineage_root(ledger: Ledger, entry: Entry) -> int:
     """The id of the entry at the top of ``entry``'s manual-retry lineage (itself if none)."""
     seen = {entry.id}
     root = entry
@@ -391,7 +391,7 @@ def lineage_root(ledger: RunLedger, entry: Entry) -> int:
 
 
 def _mark_run(
-    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry, *, source: str | None
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry, *, source: str | None
 ) -> None:
     """Make the ledger navigable from the UI: tag the run with its entry and the entry's
     lineage (the root's Runs filter then lists every retry too), a plugin task's run with
@@ -417,7 +417,7 @@ def _mark_run(
 class _Heartbeat:
     """Renews the lease from a background thread while the task body works."""
 
-    def __init__(self, ledger: RunLedger, entry_id: int, run_id: str, ttl: timedelta) -> None:
+    def __init__(self, ledger: Ledger, entry_id: int, run_id: str, ttl: timedelta) -> None:
         self._ledger, self._entry_id, self._run_id, self._ttl = ledger, entry_id, run_id, ttl
         # Well under the TTL: three missed beats still leave the lease alive.
         self._interval = max(ttl.total_seconds() / 4, 0.5)

@@ -18,7 +18,7 @@ from resources.core import tags as t
 from resources.core.due import floor_to_slot
 from resources.core.dues import Pause, Scheduling
 from resources.core.registry import TaskView
-from resources.ledger import RunLedger
+from resources.ledger import Ledger
 from resources.ledger.scheduling import ScheduleState
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ _RUNNING_STATUSES = frozenset({"RUNNING", "DECLARED_IN_CODE"})
 
 def sync_schedules(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     log: Any | None = None,
@@ -76,7 +76,7 @@ def _unchanged(row: ScheduleState, running: bool, started_at: datetime | None) -
 
 
 def scheduling_of(
-    ledger: RunLedger,
+    ledger: Ledger,
     view: TaskView,
     *,
     schedules: dict[str, ScheduleState] | None = None,
@@ -100,7 +100,7 @@ def scheduling_of(
 
 
 def first_activity(
-    ledger: RunLedger, task_key: str, instance: dg.DagsterInstance | None
+    ledger: Ledger, task_key: str, instance: dg.DagsterInstance | None
 ) -> datetime | None:
     """The earliest recorded activity of a task: its oldest ledger entry and, with
     ``instance``, its oldest Dagster run (their creation times)."""

@@ -25,7 +25,7 @@ from resources.core import tags as t
 from resources.core.alerting import KIND_LAUNCH_STRANDED
 from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
 from resources.core.instants import iso
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 
 #: How long an entry may wait for its run to be created: well past the launch timeout
 #: (300 s), so a slow launch that is still going is never taken for a dead one.
@@ -96,7 +96,7 @@ def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
     return bool(found)
 
 
-def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
+def stranded_candidates(ledger: Ledger, now: datetime) -> list[Entry]:
     """``queued`` manual/retry entries with no run id, recorded before ``now - STRANDED_AFTER``."""
     page, _ = ledger.list_entries(
         statuses=[t.STATUS_QUEUED], until=now - STRANDED_AFTER, limit=SWEEP_LIMIT
@@ -105,7 +105,7 @@ def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
 
 
 def sweep_stranded(
-    ledger: RunLedger, instance: dg.DagsterInstance, now: datetime, *, dry_run: bool = False
+    ledger: Ledger, instance: dg.DagsterInstance, now: datetime, *, dry_run: bool = False
 ) -> list[Stranded]:
     """Record every stranded launch as ``dispatch_failed``; returns what was recorded (with
     ``dry_run``: what would be, unchanged)."""

@@ -1,7 +1,7 @@
 """The ledger summary: the numbers `dueledger summary` and the ``ledger_health`` asset show.
 
 :func:`ledger_summary` is the one computation of the summary: totals come from
-``RunLedger.summary_counts`` (the same query `dueledger summary` runs), missed dues from
+``Ledger.summary_counts`` (the same query `dueledger summary` runs), missed dues from
 the gap audit (``orchestration/services/audit.py``), plus a per-task table and the entries
 that need attention.
 """
@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
-
-import dagster as dg
+from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.instants import iso
 from resources.core.registry import TaskView
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
+from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 SUMMARY_WINDOW: Final = DEFAULT_AUDIT_WINDOW
 #: Entries created this long before the window are still read for "finished in the window".
@@ -29,7 +30,7 @@ _PAGE: Final = 500
 # --- reading the ledger ----------------------------------------------------------------------
 
 
-def all_entries(ledger: RunLedger, **filters: Any) -> list[Entry]:
+def all_entries(ledger: Ledger, **filters: Any) -> list[Entry]:
     """Every entry matching ``list_entries`` filters (all pages), newest first."""
     found: list[Entry] = []
     cursor: str | None = None
@@ -40,7 +41,7 @@ def all_entries(ledger: RunLedger, **filters: Any) -> list[Entry]:
             return found
 
 
-def recent_entries(ledger: RunLedger, since: datetime) -> list[Entry]:
+def recent_entries(ledger: Ledger, since: datetime) -> list[Entry]:
     """Entries created since ``since - _LOOKBACK`` plus every running one (any age)."""
     by_id = {e.id: e for e in all_entries(ledger, since=since - _LOOKBACK)}
     for entry in all_entries(ledger, statuses=[t.STATUS_RUNNING]):
@@ -50,8 +51,8 @@ def recent_entries(ledger: RunLedger, since: datetime) -> list[Entry]:
 
 # --- the summary -----------------------------------------------------------------------------
 
-#: Contract name (DESIGN ``summary``) -> key of ``RunLedger.summary_counts``.
-_TOTALS: Final = {
+#: Contract name (DESIGN ``summary``) -> key of ``Ledger.summary_counts``.
+SUMMARY_TOTALS: Final = {
     "active": "active",
     "stale": "stale",
     "failed_24h": "failed_window",
@@ -89,7 +90,7 @@ def first_line(text: str | None) -> str:
 
 
 def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dict[str, int]:
-    """Per-task counts with the definitions of ``RunLedger.summary_counts`` (its docstring):
+    """Per-task counts with the definitions of ``Ledger.summary_counts`` (its docstring):
     running split by lease expiry, terminal by ``finished_at``, dispatch_failed by
     ``updated_at``, manual retries by ``created_at``."""
     counts = dict.fromkeys(
@@ -121,7 +122,7 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
 
 
 def ledger_summary(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     *,
@@ -130,7 +131,7 @@ def ledger_summary(
 ) -> dict[str, Any]:
     """The ledger's health as of ``now``: the contract's summary numbers plus a per-task table.
 
-    Totals are ``RunLedger.summary_counts`` (one query, shared with `dueledger summary`);
+    Totals are ``Ledger.summary_counts`` (one query, shared with `dueledger summary`);
     ``missed_24h`` is the gap audit over ``window`` (``sensors/audit.py``): with
     ``instance`` a due that has a Dagster run but no ledger entry yet (queued) is not
     missed. ``tasks`` has one row per registered task, plus rows for entries of tasks that
@@ -166,7 +167,7 @@ def ledger_summary(
             }
         )
     return {
-        **{name: int(counts[key]) for name, key in _TOTALS.items()},
+        **{name: int(counts[key]) for name, key in SUMMARY_TOTALS.items()},
         "missed_24h": sum(len(a.missed) for a in audits.values()),
         "paused_24h": sum(len(a.paused) for a in audits.values()),
         "attention": attention_rows(by_task.values(), now, since),
@@ -311,32 +312,3 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         lines += [f"- `{key}`: {', '.join(dues)}" for key, dues in missed]
     lines += _attention_markdown(summary.get("attention", []))
     return "\n".join(lines)
-
-
-def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Asset metadata: the numbers, the per-task table and a Markdown report."""
-    int_columns = [
-        c for c in TASK_COLUMNS if c not in ("task_key", "missed_slot_policy", "last_success_at")
-    ]
-    schema = dg.TableSchema(
-        columns=[dg.TableColumn(c, "int" if c in int_columns else "string") for c in TASK_COLUMNS]
-    )
-    records = [
-        dg.TableRecord({c: (row[c] if c in int_columns else (row[c] or "")) for c in TASK_COLUMNS})
-        for row in summary["tasks"]
-    ]
-    numbers = {k: int(summary[k]) for k in (*_TOTALS, "missed_24h", "paused_24h")}
-    attention = [
-        dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
-        for row in summary.get("attention", [])
-    ]
-    return {
-        **numbers,
-        "as_of": summary["as_of"],
-        "needs_attention": dg.MetadataValue.table(
-            records=attention,
-            schema=dg.TableSchema(columns=[dg.TableColumn(c, "string") for c in ATTENTION_COLUMNS]),
-        ),
-        "per_task": dg.MetadataValue.table(records=records, schema=schema),
-        "report": dg.MetadataValue.md(summary_markdown(summary)),
-    }

@@ -173,6 +173,12 @@ class DevServer:
                 return []
         return [dict(r) for r in rows]
 
+    def entries_now(self, task: str, dedup_key: str) -> dict[str, Any]:
+        """The entry of ``task`` with ``dedup_key`` as it is now (it must exist)."""
+        found = [e for e in self.entries(task) if e["dedup_key"] == dedup_key]
+        assert found, f"no entry {task} {dedup_key}: {self.entries(task)}"
+        return found[0]
+
     def entry_reached(
         self, task: str, dedup_key: str, statuses: set[str], timeout: float = RUN_TIMEOUT
     ) -> Wait:

@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from alert_sinks import WebhookSink, free_port, start
 from cli_process import Ran, base_env, run_cli, stored_text
 
-from orchestration.catalog import task_views
 from orchestration.services.launch import manual_run_id
+from orchestration.services.views import task_views
 from resources.core import alerting as a
 from resources.core import tags as t
 from resources.core.settings import (

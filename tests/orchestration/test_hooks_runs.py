@@ -19,11 +19,11 @@ from hook_support import SwappableHooks
 from run_support import refused, scheduled
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import task_views
 from orchestration.factory import build_task_definitions
 from orchestration.services import hooks
 from orchestration.services.manual import launch_manual
 from orchestration.services.runtime import task_run
+from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.errors import Refused

@@ -183,3 +183,16 @@ def test_the_rule_catches_a_migration_that_takes_something_away(body: str) -> No
 @pytest.mark.parametrize("body", ADDS.values(), ids=list(ADDS))
 def test_the_rule_lets_a_migration_that_only_adds_pass(body: str) -> None:
     assert violations(UPGRADE.format(body)) == []
+
+
+def test_each_revision_is_named_after_its_file_and_the_head_needs_no_alembic() -> None:
+    # migration_head() reads the folder (every command start pays for it); Alembic must agree.
+    from alembic.script import ScriptDirectory
+
+    from resources.ledger.migrate import MIGRATIONS_DIR, migration_head
+
+    scripts = ScriptDirectory(str(MIGRATIONS_DIR))
+    for script in scripts.walk_revisions():
+        assert script.path is not None
+        assert script.revision == Path(script.path).stem, script.path
+    assert migration_head() == scripts.get_current_head()

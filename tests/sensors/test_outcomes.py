@@ -31,13 +31,13 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
-from orchestration.catalog import task_views
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
 from orchestration.services.outcomes import (
     reconcile_events,
     reconcile_run,
     settle_abandoned_retries,
 )
+from orchestration.services.views import task_views
 from resources.core import tags as t
 from resources.core.instants import utc_now
 from resources.core.outcomes import Action, RunOutcome, decide
