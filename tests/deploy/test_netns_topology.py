@@ -339,6 +339,9 @@ def test_services_on_separate_hosts_survive_partitions_and_a_postgres_restart(
     assert not late, late
     assert (refused["status"], refused["failure_kind"]) == ("failed", "lease_reclaimed"), refused
     assert found["dues"] == TASKS * SLOTS and not observer.errors, report
+    # The work was done, not only kept from doubling: every due was claimed by a run that
+    # reached its body.
+    assert found["claims"] >= found["dues"] and found["effects"] > 0, report
     entries = [r for r in records if r["type"] == "entry"]
     totals = json.loads(summary.stdout)
     assert totals["failed_24h"] == sum(e["status"] == "failed" for e in entries), totals
