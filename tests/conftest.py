@@ -47,7 +47,9 @@ _SAVED_ENV: dict[str, str] = {}
 
 
 #: Variables that steer a test, not dueledger: kept through the isolation.
-_TEST_CONTROLS = frozenset({"DUELEDGER_SOAK_SEED", "DUELEDGER_SCREENSHOTS"})
+_TEST_CONTROLS = frozenset(
+    {"DUELEDGER_SOAK_SEED", "DUELEDGER_SCREENSHOTS", "DUELEDGER_DST_EXAMPLES"}
+)
 
 
 def _apply_isolated_env() -> None:

@@ -1,8 +1,9 @@
 """``RunLedger``: the run ledger as a Dagster resource.
 
 It joins the read side (``queries.py``), the compare-and-set write side
-(``transitions.py``), the alert delivery records (``deliveries.py``) and the metrics scrape's
-queries (``metrics.py``) over the shared plumbing (``store.py``), and migrates the schema
+(``transitions.py``), the alert delivery records (``deliveries.py``), the metrics scrape's
+queries (``metrics.py``), schedules and pauses (``scheduling.py``) and the overlap claims and
+skipped entries (``overlap.py``) over the shared plumbing (``store.py``), and migrates the schema
 once per process when Dagster sets the resource up for a run or a sensor tick.
 """
 
@@ -13,6 +14,7 @@ import dagster as dg
 import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.metrics import LedgerMetricsQueries
+from resources.ledger.overlap import LedgerOverlap
 from resources.ledger.queries import LedgerQueries
 from resources.ledger.scheduling import LedgerScheduling
 from resources.ledger.transitions import LedgerTransitions
@@ -24,6 +26,7 @@ class RunLedger(
     LedgerAlertDeliveries,
     LedgerScheduling,
     LedgerMetricsQueries,
+    LedgerOverlap,
 ):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 
