@@ -678,8 +678,8 @@ def start_schedules(instance: DagsterInstance, target: CodeTarget, names: Collec
 # ``execute_run``; this does the same in a thread. Private (1.13.27): `recon_job_from_origin`.
 import threading  # noqa: E402
 
-from dagster._utils.hosted_user_process import recon_job_from_origin  # noqa: E402
 from dagster._core.execution.api import execute_run  # noqa: E402
+from dagster._utils.hosted_user_process import recon_job_from_origin  # noqa: E402
 
 
 def execute_run_in_thread(instance: DagsterInstance, run_id: str) -> threading.Thread:

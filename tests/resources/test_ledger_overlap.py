@@ -15,8 +15,8 @@ from resources.core.due import Due
 from resources.core.fence import Fence
 from resources.core.overlap import OverlapAction
 from resources.ledger import Entry, RunLedger
-from resources.ledger.schema import pauses
 from resources.ledger.scheduling import PAUSE_AFTER_FAILURES, PAUSE_CLI
+from resources.ledger.schema import pauses
 
 TASK = "order_cleanup"
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
