@@ -14,135 +14,20 @@ about the runs that arrive meanwhile is the test.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
-import sqlalchemy as sa
-import yaml
-from dagster_graphql.cli import execute_query
-from dagster_internals import (
-    CodeTarget,
-    daemon_instance,
-    daemon_workspace,
-    dequeue_iteration,
-    execute_run_in_thread,
-    run_scheduler_tick,
-)
+from policy_support import DUE, POLICY_DEFS, SLOT, World, policy_world
 
 from orchestration.services.hooks import Hooks
 from orchestration.services.manual import launch_manual
 from resources.core import tags as t
 from resources.core.errors import Refused
-from resources.ledger import Entry, RunLedger
+from resources.ledger import RunLedger
 
 pytestmark = pytest.mark.daemon
-
-POLICY_DEFS = Path(__file__).resolve().parents[1] / "fixtures" / "policy_defs.py"
-LOCAL_YAML = Path(__file__).resolve().parents[2] / "dagster.yaml.local"
-DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
-SLOT = timedelta(minutes=15)
-
-LAUNCH = """
-mutation Launch($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on Error { message }
-  }
-}
-"""
-
-
-@dataclass
-class World:
-    ctx: Any
-    ledger: RunLedger
-    task: str
-    directory: Path
-
-    @property
-    def instance(self) -> dg.DagsterInstance:
-        return self.ctx.instance
-
-    def due(self, slots: int) -> str:
-        """Tick the scheduler for the due ``slots`` after DUE; the id of the run it made."""
-        due = DUE + slots * SLOT
-        before = {r.run_id for r in self.instance.get_runs()}
-        run_scheduler_tick(self.ctx, due + timedelta(seconds=5))
-        (run_id,) = {r.run_id for r in self.instance.get_runs()} - before
-        return run_id
-
-    def ui_launch(self, tags: dict[str, str] | None = None) -> str:
-        """What the launchpad sends: GraphQL launchRun, no dueledger tags."""
-        metadata = [{"key": "dagster/from_ui", "value": "true"}]
-        metadata += [{"key": k, "value": v} for k, v in (tags or {}).items()]
-        result = execute_query(
-            self.ctx,
-            LAUNCH,
-            {
-                "params": {
-                    "selector": {
-                        "repositoryLocationName": "dueledger",
-                        "repositoryName": "__repository__",
-                        "jobName": f"{self.task}_job",
-                    },
-                    "executionMetadata": {"tags": metadata},
-                }
-            },
-        )
-        payload = result["data"]["launchRun"]
-        assert payload["__typename"] == "LaunchRunSuccess", result
-        return str(payload["run"]["runId"])
-
-    def start(self, run_id: str) -> Any:
-        """Dequeue ``run_id`` with Dagster's run queue (unless it launched it already) and
-        execute it; the thread."""
-        run = self.instance.get_run_by_id(run_id)
-        if run is not None and run.status == dg.DagsterRunStatus.QUEUED:
-            dequeue_iteration(self.ctx)
-        run = self.instance.get_run_by_id(run_id)
-        assert run is not None and run.status == dg.DagsterRunStatus.STARTING, run
-        return execute_run_in_thread(self.instance, run_id)
-
-    def wait_claimed(self, entry_marker_count: int) -> None:
-        deadline = datetime.now(UTC) + timedelta(seconds=60)
-        while len(list(self.directory.glob("*.claimed"))) < entry_marker_count:
-            assert datetime.now(UTC) < deadline, "no run claimed"
-
-    def entry_of(self, run_id: str) -> Entry:
-        tagged = self.instance.get_run_by_id(run_id)
-        assert tagged is not None
-        entry_id = tagged.tags.get(t.TAG_ENTRY)
-        assert entry_id, f"run {run_id} names no entry: {tagged.tags}"
-        found = self.ledger.get(int(entry_id))
-        assert found is not None
-        return found
-
-    def outcome(self, run_id: str) -> tuple[str, str | None]:
-        run = self.instance.get_run_by_id(run_id)
-        assert run is not None
-        return run.status.value, run.tags.get(t.TAG_OUTCOME)
-
-    def release(self) -> None:
-        (self.directory / "release").touch()
-
-    def effects(self) -> list[int]:
-        engine = sa.create_engine(f"sqlite:///{self.directory / 'effects.sqlite'}")
-        with engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT entry FROM effects ORDER BY entry")).all()
-        engine.dispose()
-        return [r[0] for r in rows]
-
-
-def _queue_config() -> dict[str, Any]:
-    local = yaml.safe_load(LOCAL_YAML.read_text())
-    concurrency = local["concurrency"]
-    concurrency["runs"]["max_concurrent_runs"] = 20
-    return {"run_coordinator": local["run_coordinator"], "concurrency": concurrency}
 
 
 @pytest.fixture
@@ -152,18 +37,8 @@ def world(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[World]:
-    task = request.param
-    directory = tmp_path / "policy"
-    directory.mkdir()
-    monkeypatch.setenv("POLICY_DEFS_DIR", str(directory))
-    target = CodeTarget.from_file(POLICY_DEFS, attribute=task.replace("_task", "_defs"))
-    with (
-        daemon_instance("mocked", temp_dir=tmp_path / "dagster", overrides=_queue_config()) as inst,
-        daemon_workspace(inst, target) as ctx,
-    ):
-        run_scheduler_tick(ctx, DUE - timedelta(minutes=1))  # the schedule starts
-        yield World(ctx, ledger_in_environment, task, directory)
-        (directory / "release").touch()  # let any waiting run end
+    with policy_world(request.param, ledger_in_environment, tmp_path, monkeypatch) as found:
+        yield found
 
 
 @pytest.mark.parametrize("world", ["skip_task"], indirect=True)
