@@ -14,7 +14,7 @@ nothing is launched or changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -124,7 +124,26 @@ def account_latest_due(
     *,
     instance: dg.DagsterInstance | None = None,
 ) -> DueAccount:
-    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``."""
+    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``. A paused
+    task whose due passes says so: who paused it, since when, and its latest skipped due."""
+    account = _account(view, ledger, now, instance)
+    pauses = ledger.open_pauses(view.spec.key) if account.passed else []
+    if not pauses:
+        return account
+    pause = pauses[0]
+    detail = f"{view.spec.key} is {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ})"
+    skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(t.STATUS_SKIPPED,))
+    if skipped:
+        last = skipped[0]
+        detail += f"; its latest due skipped: entry {last.id} {last.label} ({last.error})"
+    detail += f"; {account.detail}; next: `dueledger resume {view.spec.key} --reason TEXT`"
+    entry_id = skipped[0].id if skipped else account.entry_id
+    return replace(account, state=STATE_PAUSED, detail=detail, entry_id=entry_id)
+
+
+def _account(
+    view: TaskView, ledger: RunLedger, now: datetime, instance: dg.DagsterInstance | None
+) -> DueAccount:
     spec = view.spec
     due = latest_finished_due(view, now)
 
