@@ -133,12 +133,14 @@ def account_latest_due(
     pause = pauses[0]
     detail = f"{view.spec.key} is {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ})"
     skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(t.STATUS_SKIPPED,))
+    due, entry_id = account.due, account.entry_id
     if skipped:
         last = skipped[0]
-        detail += f"; its latest due skipped: entry {last.id} {last.label} ({last.error})"
+        detail += f"; its latest due, entry {last.id} ({last.label}), was skipped ({last.error})"
+        entry_id = last.id
+        due = Due.coerce(last.due) if last.due is not None else due
     detail += f"; {account.detail}; next: `dueledger resume {view.spec.key} --reason TEXT`"
-    entry_id = skipped[0].id if skipped else account.entry_id
-    return replace(account, state=STATE_PAUSED, detail=detail, entry_id=entry_id)
+    return replace(account, due=due, state=STATE_PAUSED, detail=detail, entry_id=entry_id)
 
 
 def _account(
