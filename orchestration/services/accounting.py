@@ -101,8 +101,10 @@ def next_step(state: str, task_key: str, entry: Entry | None) -> str:
             f"`dueledger summary` (missed_dues); to run the task now: `dueledger launch "
             f"{task_key} --operator NAME --reason TEXT`"
         )
-    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED):
+    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED, STATE_SKIPPED):
         return show or "`dueledger summary`"
+    if state == STATE_DEADLINE_MISSED:
+        return show or f"`dueledger dues {task_key}`; `dueledger catch-up {task_key} ...`"
     return ""
 
 

@@ -76,6 +76,7 @@ def claim_entry(
         return ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     wait_turn = waits_its_turn(entry)
     waiting_since: datetime | None = None
+    extended_at = 0.0
     while True:
         found = ledger.claim_with_overlap(
             entry.id,
@@ -92,6 +93,11 @@ def claim_entry(
                     f"entry {entry.id} {spec.key}: waits for its turn ({found.decision.reason}; "
                     f"overlap policy {spec.overlap_policy})"
                 )
+            # Run monitoring ends a run past its task's timeout, counted from its start: a run
+            # that waits keeps moving its limit (the wait is not the task's work).
+            if time.monotonic() - extended_at > min(20.0, spec.timeout.total_seconds() / 2):
+                _extend_max_runtime(context, spec, waiting_since)
+                extended_at = time.monotonic()
             time.sleep(WAIT_POLL_SECONDS)
             continue
         if action is OverlapAction.SKIP:
@@ -114,10 +120,12 @@ def claim_entry(
 def _extend_max_runtime(
     context: dg.AssetExecutionContext, spec: TaskSpec, waiting_since: datetime
 ) -> None:
-    """Run monitoring counts a run's runtime from its start: a run that waited its turn gets
-    its task's timeout from when it claimed, not from when it started waiting."""
+    """Run monitoring counts a run's runtime from its start: a run that waits its turn gets
+    its task's timeout from now on (from when it claims, once it has), not from when it
+    started waiting."""
     waited = datetime.now(UTC) - waiting_since
-    limit = int((waited + spec.timeout).total_seconds()) + 1
+    # Slack for the run's start before it began to wait (it counts in its runtime too).
+    limit = int((waited + spec.timeout).total_seconds()) + 30
     try:
         context.instance.add_run_tags(context.run.run_id, {t.DAGSTER_MAX_RUNTIME: str(limit)})
     except Exception as exc:  # run monitoring may end it early; the ledger is unaffected
