@@ -105,3 +105,11 @@ def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance,
         monkeypatch.setattr(type(context), "log", property(opened))
         (request,) = schedule.evaluate_tick(context).run_requests or []
     assert request.tags[t.TAG_TASK]
+
+
+def test_each_schedule_lists_its_next_five_dues_in_its_metadata():
+    # Issue 24: the UI shows a schedule's next dues (as of the code location's load).
+    schedule = defs.resolve_schedule_def("order_cleanup_schedule")
+    text = schedule.metadata["dueledger/next_dues"].value
+    dues = [line for line in text.splitlines() if line.startswith("- `")]
+    assert len(dues) == 5 and "dueledger dues order_cleanup" in text
