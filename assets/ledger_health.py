@@ -65,7 +65,10 @@ def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
         dg.TableRecord({c: (row[c] if c in int_columns else (row[c] or "")) for c in TASK_COLUMNS})
         for row in summary["tasks"]
     ]
-    numbers = {k: int(summary[k]) for k in (*SUMMARY_TOTALS, "missed_24h", "paused_24h")}
+    numbers = {
+        k: int(summary[k])
+        for k in (*SUMMARY_TOTALS, "missed_24h", "paused_24h", "deadline_missed_24h")
+    }
     attention = [
         dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
         for row in summary.get("attention", [])

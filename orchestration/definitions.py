@@ -17,6 +17,7 @@ from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.task_plugins import TaskAssetLike
 from orchestration.services.views import task_views
+from resources.core.instants import utc_now
 from resources.core.settings import load_settings
 from sensors import SENSORS
 
@@ -24,7 +25,8 @@ _settings = load_settings()
 # The code location's plugin hooks, built once; listeners load on first use, not here.
 _hooks = Hooks.from_environment()
 _views = task_views(_settings)
-_jobs, _schedules = build_task_definitions(_views, hooks=_hooks)
+# The schedules' metadata lists each task's next dues as of this load.
+_jobs, _schedules = build_task_definitions(_views, hooks=_hooks, loaded_at=utc_now())
 # Core task assets, then those of the allowed plugin tasks (entry points `dueledger.tasks`).
 _task_assets: list[TaskAssetLike] = [
     *TASK_ASSETS,

@@ -7,8 +7,9 @@ A task body is a generator of its materialization that gets the run it claimed::
         ...  # runs only once the run has claimed its entry
         yield dg.MaterializeResult(metadata={...})
 
-The factory writes what every task asset shares, once: the asset's name and its Dagster
-concurrency pool are the task key (DESIGN: overlap), the ``ledger`` resource is always
+The factory writes what every task asset shares, once: the asset's name is the task key, and
+so is its Dagster concurrency pool when the task's overlap policy is ``queue`` (DESIGN:
+overlap; the other policies are the ledger's, at claim), the ``ledger`` resource is always
 required, the spec comes from the registered tasks (core and allowed plugin tasks,
 ``orchestration.services.task_plugins.registered_tasks``), and the body runs inside
 ``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run never reaches
@@ -35,7 +36,8 @@ import dagster as dg
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, TaskRun, task_run
 from orchestration.services.task_plugins import registered_tasks
-from resources.core.registry import require_task
+from resources.core.policies import uses_task_pool
+from resources.core.registry import find_task, require_task
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.
@@ -80,7 +82,12 @@ class TaskAsset:
         compute.__signature__ = signature  # type: ignore[attr-defined]
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             setattr(compute, attr, getattr(body, attr, None))
-        return dg.asset(name=task_key, pool=task_key, output_required=False, **self.asset_kwargs)(
+        # DESIGN overlap: a ``queue`` task's asset sits in a pool named after the task (one
+        # slot: later runs wait in the run queue); under skip, buffer_one and replace a second
+        # run must start to be decided by the ledger, and ``allow`` runs side by side.
+        declared = find_task(registered_tasks(), task_key)
+        pool = task_key if declared is None or uses_task_pool(declared.overlap_policy) else None
+        return dg.asset(name=task_key, pool=pool, output_required=False, **self.asset_kwargs)(
             compute
         )
 

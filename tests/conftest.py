@@ -57,6 +57,7 @@ _TEST_CONTROLS = frozenset(
         "DUELEDGER_CLUSTER_SEED",
         "DUELEDGER_CLUSTER_TASKS",
         "DUELEDGER_CLUSTER_SLOTS",
+        "DUELEDGER_DST_EXAMPLES",
     }
 )
 

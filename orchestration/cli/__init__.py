@@ -19,6 +19,7 @@ from orchestration.cli.hooks import hooks_cmd
 from orchestration.cli.metrics import metrics_group
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
 from orchestration.cli.runs import runs_group
+from orchestration.cli.scheduling import catch_up_cmd, dues_cmd, pause_cmd, resume_cmd
 from orchestration.cli.summary import summary_cmd
 from orchestration.cli.support import (
     dagster_instance,
@@ -32,6 +33,7 @@ from orchestration.cli.support import (
     today_utc,
 )
 from resources.core.errors import InvalidInput, Refused
+from resources.core.instants import iso
 from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER
 from resources.core.settings import load_settings, mask_url
 
@@ -60,8 +62,9 @@ def main() -> None:
 @handle_errors
 def tasks_cmd(as_json: bool) -> None:
     """List registered tasks (core and allowed plugin tasks) with declared and effective
-    cadence and where each comes from; plugin tasks not allowed and plugin load errors are
-    listed after the table (with --json: on stderr; `dueledger hooks --json` has them)."""
+    cadence, their policies, who paused a task since when and why, and where each comes
+    from; plugin tasks not allowed and plugin load errors are listed after the table (with
+    --json: on stderr; `dueledger hooks --json` has them)."""
     import warnings
 
     # Imported when this command runs, so the other commands do not load them.
@@ -76,6 +79,20 @@ def tasks_cmd(as_json: bool) -> None:
         warnings.simplefilter("ignore", UserWarning)
         views = task_views(settings)
     rows = [v.as_json() for v in views]
+    # Who paused which task, since when and why (`dueledger pause`, the UI's schedule toggle,
+    # a pause after failures): the ledger's open pauses.
+    paused: dict[str, list[dict[str, object]]] = {}
+    for pause in open_ledger(settings).open_pauses():
+        paused.setdefault(pause.task_key, []).append(
+            {
+                "by": pause.by,
+                "since": iso(pause.start),
+                "reason": pause.reason,
+                "source": pause.source,
+            }
+        )
+    for row in rows:
+        row["paused"] = paused.get(str(row["key"]), [])
     # Not registered, so not rows of the list (the contract: the registered tasks); said on
     # stderr under --json, and machine-readable in `dueledger hooks --json` (task_plugins).
     notes = [f"not allowed: {registry.why_unregistered(f.spec.key)}" for f in registry.not_allowed]
@@ -108,6 +125,11 @@ def tasks_cmd(as_json: bool) -> None:
     for row in rows:
         for note in row["warnings"]:  # type: ignore[attr-defined]
             click.echo(f"warning: {note}")
+        for pause in row["paused"]:  # type: ignore[attr-defined]
+            click.echo(
+                f"paused: {row['key']} by {pause['by']} since {pause['since']} "
+                f"({pause['source']}): {pause['reason']}"
+            )
     for note in notes:
         click.echo(note)
 
@@ -121,12 +143,20 @@ def tasks_cmd(as_json: bool) -> None:
 )
 @click.option("--reason", required=True, help="Why the run is launched.")
 @click.option("--request-id", default=None, help="Idempotency key (default: a new UUID).")
+@click.option(
+    "--queue",
+    "queue",
+    is_flag=True,
+    help="Under overlap skip or buffer_one, wait for a running run of the task to end "
+    "instead of being refused (exit 3).",
+)
 @json_option
 @handle_errors
 def launch_cmd(
-    task: str, operator: str, reason: str, request_id: str | None, as_json: bool
+    task: str, operator: str, reason: str, request_id: str | None, queue: bool, as_json: bool
 ) -> None:
-    """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
+    """Launch TASK now, in the manual namespace (never swallowed by a scheduled due). Under
+    overlap skip a launch that finds the task running is refused naming the running entry."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import acting_operator, load_operators, require_role
     from orchestration.services.hooks import Hooks
@@ -156,6 +186,7 @@ def launch_cmd(
         ledger=ledger,
         # This process's plugin listeners, loaded for this one launch.
         hooks=Hooks.from_environment(),
+        queue=queue,
     )
     if as_json:
         print_json(result.as_json())
@@ -269,3 +300,6 @@ main.add_command(hooks_cmd)
 main.add_command(alerts_cmd)
 # `metrics serve|write` (Prometheus metrics from the ledger) lives in orchestration/cli/metrics.py.
 main.add_command(metrics_group)
+# `dues`, `pause`, `resume`, `catch-up` (a task's schedule, steered) live in cli/scheduling.py.
+for _command in (dues_cmd, pause_cmd, resume_cmd, catch_up_cmd):
+    main.add_command(_command)

@@ -6,25 +6,31 @@ succeeded. It is accounted for when its entry is ``success`` (or a manual retry 
 succeeded), or while its run is still at work with a live lease. Otherwise the check fails
 and says why: no run was created (a missed due), the run failed before claiming
 (``dispatch_failed``), the entry failed, its lease expired, or its run is still waiting in
-Dagster's queue after its slot. Read-only: nothing is launched or changed.
+Dagster's queue after its slot. A due skipped for a pause passes saying so; one skipped by the
+overlap policy is a warning naming the entry that was running. A task with a ``deadline``
+fails on its newest due whose deadline passed without success, naming the entry. Read-only:
+nothing is launched or changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 import dagster as dg
 
 from orchestration.services.audit import expected_dues
+from orchestration.services.policies import deadline_misses
 from orchestration.services.scheduling import scheduling_of
 from orchestration.services.summary import first_line
 from resources.core import tags as t
+from resources.core.deadlines import DeadlineMiss
 from resources.core.due import Due, floor_to_slot
-from resources.core.dues import DueVerdict, due_verdict
+from resources.core.dues import DueVerdict, due_verdict, skipped_for_pause
+from resources.core.plans import plan_dues
 from resources.core.registry import TaskView
-from resources.ledger import Entry, Ledger
+from resources.ledger import Entry, Ledger, format_duration
 
 CHECK_NAME: Final = "latest_due_accounted_for"
 #: How far back the latest due is looked for: twice the task's cadence, at most 8 days.
@@ -40,6 +46,8 @@ STATE_QUEUED: Final = "queued_after_its_slot"
 STATE_FAILED: Final = "failed"
 STATE_DISPATCH_FAILED: Final = "dispatch_failed"
 STATE_STALE_LEASE: Final = "stale_lease"
+STATE_SKIPPED: Final = "skipped"
+STATE_DEADLINE_MISSED: Final = "deadline_missed"
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,10 @@ def next_step(state: str, task_key: str, entry: Entry | None) -> str:
             f"`dueledger summary` (missed_dues); to run the task now: `dueledger launch "
             f"{task_key} --operator NAME --reason TEXT`"
         )
-    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED):
+    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED, STATE_SKIPPED):
         return show or "`dueledger summary`"
+    if state == STATE_DEADLINE_MISSED:
+        return show or f"`dueledger dues {task_key}`; `dueledger catch-up {task_key} ...`"
     return ""
 
 
@@ -116,7 +126,28 @@ def account_latest_due(
     *,
     instance: dg.DagsterInstance | None = None,
 ) -> DueAccount:
-    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``."""
+    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``. A paused
+    task whose due passes says so: who paused it, since when, and its latest skipped due."""
+    account = _account(view, ledger, now, instance)
+    pauses = ledger.open_pauses(view.spec.key) if account.passed else []
+    if not pauses:
+        return account
+    pause = pauses[0]
+    detail = f"{view.spec.key} is {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ})"
+    skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(t.STATUS_SKIPPED,))
+    due, entry_id = account.due, account.entry_id
+    if skipped:
+        last = skipped[0]
+        detail += f"; its latest due, entry {last.id} ({last.label}), was skipped ({last.error})"
+        entry_id = last.id
+        due = Due.coerce(last.due) if last.due is not None else due
+    detail += f"; {account.detail}; next: `dueledger resume {view.spec.key} --reason TEXT`"
+    return replace(account, due=due, state=STATE_PAUSED, detail=detail, entry_id=entry_id)
+
+
+def _account(
+    view: TaskView, ledger: Ledger, now: datetime, instance: dg.DagsterInstance | None
+) -> DueAccount:
     spec = view.spec
     due = latest_finished_due(view, now)
 
@@ -126,6 +157,16 @@ def account_latest_due(
         detail = f"{detail}; next: {step}" if step else detail
         return DueAccount(spec.key, spec.asset, due, state, passed, detail, entry_id, **kw)
 
+    missed = _latest_deadline_miss(view, ledger, now)
+    if missed is not None:
+        due = Due(missed.due)
+        return answer(
+            STATE_DEADLINE_MISSED,
+            False,
+            f"due {due} missed its deadline ({format_duration(missed.deadline)} after the due): "
+            f"{missed.why}",
+            missed.entry,
+        )
     if due is None:
         return answer(STATE_NO_DUE, True, "no due of this task has a finished slot yet")
     entry = ledger.find(spec.key, due.key)
@@ -141,6 +182,17 @@ def account_latest_due(
         return _without_entry(view, due, instance, answer)
     if entry.status == t.STATUS_SUCCESS:
         return answer(STATE_SUCCESS, True, f"due {due} succeeded (entry {entry.id})", entry)
+    if entry.status == t.STATUS_SKIPPED:
+        # Never a silent green: a pause is on purpose (passes, saying so); an overlap skip means
+        # the task overran its cadence (a warning naming the entry that was running).
+        paused = skipped_for_pause(entry.error)
+        return answer(
+            STATE_PAUSED if paused else STATE_SKIPPED,
+            paused,
+            f"due {due}: entry {entry.id} skipped ({entry.error})",
+            entry,
+            warning=not paused,
+        )
     if entry.status in (t.STATUS_QUEUED, t.STATUS_RETRYING, t.STATUS_RUNNING):
         expires = entry.lease_expires_at
         if entry.status == t.STATUS_RUNNING and expires is not None and expires < now:
@@ -168,6 +220,20 @@ def account_latest_due(
         f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}",
         entry,
     )
+
+
+def _latest_deadline_miss(view: TaskView, ledger: Ledger, now: datetime) -> DeadlineMiss | None:
+    """The newest due whose deadline has passed, when it missed it (None: met, or no
+    deadline): the check fails on it until a later due meets its deadline."""
+    deadline = view.spec.deadline
+    if deadline is None:
+        return None
+    window = timedelta(minutes=2 * view.effective.minutes + view.slot_minutes)
+    judged = plan_dues(view.plan, view.slot_minutes, now - deadline - window, now - deadline)
+    if not judged:
+        return None
+    misses = deadline_misses(ledger, view, now, window=window)
+    return next((m for m in misses if m.due == judged[-1]), None)
 
 
 def _without_entry(view: TaskView, due: Due, instance: dg.DagsterInstance | None, answer: Any):

@@ -4,8 +4,8 @@ A due is **missed** when its slot has ended, there is neither a ledger entry nor
 run for it (daemon down, a tick that never came), it is not before the task's schedule first
 ran here, and no pause covers it: one rule, ``resources/core/dues.py: due_verdict``, which
 the asset checks use too. Expected dues are computed with the schedule's own decision
-(``registry.decide_tick`` over the fires of the task's cron), so the audit and the schedule
-cannot disagree.
+(``plans.plan_dues``: ``decide_tick`` over the fires of the task's crons), so the audit and
+the schedule cannot disagree.
 
 The audit starts when the task's schedule first ran here (``services/scheduling.py``; its
 first recorded activity when no schedule was observed yet), or at the window's start: dues
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Final
 from orchestration.services.scheduling import scheduling_of
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due
-from resources.core.dues import DueVerdict, Scheduling, due_verdict
-from resources.core.registry import TaskView, decide_tick
-from resources.core.slots import cron_fire_times
+from resources.core.dues import DueVerdict, Scheduling, due_verdict, skipped_for_pause
+from resources.core.plans import plan_dues
+from resources.core.registry import TaskView
 from resources.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -43,27 +43,17 @@ _PAGE: Final = 500
 
 
 def expected_dues(view: TaskView, start: datetime, end: datetime) -> list[datetime]:
-    """The dues the task's schedule requests in ``[start, end)``, oldest first.
-
-    The fires of the schedule's cron from ``start`` to one slot past ``end`` (a due's first
-    fire may lie inside its slot), kept where ``decide_tick`` would launch a run.
-    """
-    slot = timedelta(minutes=view.slot_minutes)
-    dues: list[datetime] = []
-    for fire in cron_fire_times(view.plan.cron, view.plan.timezone, start, end + slot):
-        decision = decide_tick(view.plan, fire, view.slot_minutes)
-        due = decision.due.at
-        kept = decision.skip_reason is None and start <= due < end
-        if kept and (not dues or dues[-1] != due):
-            dues.append(due)
-    return dues
+    """The dues the task's schedule requests in ``[start, end)``, oldest first: its plan's
+    own decision (``resources/core/plans.py: plan_dues``, what every tick decides)."""
+    return plan_dues(view.plan, view.slot_minutes, start, end)
 
 
 @dataclass(frozen=True)
 class TaskAudit:
     """One task's audit over ``[start, end)`` (``start`` None: nothing ran the task here yet,
     so no due is expected): the dues its rule implies, those ``missed``, and those ``paused``
-    (not run on purpose). Every due is judged by ``resources/core/dues.py: due_verdict``."""
+    (not run on purpose: inside a pause, or written ``skipped`` for one). Every other due is
+    judged by ``resources/core/dues.py: due_verdict``."""
 
     task_key: str
     policy: str
@@ -85,16 +75,26 @@ class TaskAudit:
         }
 
 
-def _ledger_dues(ledger: Ledger, task_key: str, since: datetime) -> set[datetime]:
+def _ledger_dues(
+    ledger: Ledger, task_key: str, since: datetime
+) -> tuple[set[datetime], set[datetime]]:
+    """The dues of the task's entries created since ``since``, and those of them skipped for
+    a pause (counted as paused: the pause is what the due says)."""
     dues: set[datetime] = set()
+    paused: set[datetime] = set()
     cursor: str | None = None
     while True:
         page, cursor = ledger.list_entries(
             task_key=task_key, since=since, limit=_PAGE, cursor=cursor
         )
-        dues.update(entry.due for entry in page if entry.due is not None)
+        for entry in page:
+            if entry.due is None:
+                continue
+            dues.add(entry.due)
+            if entry.status == t.STATUS_SKIPPED and skipped_for_pause(entry.error):
+                paused.add(entry.due)
         if cursor is None:
-            return dues
+            return dues, paused
 
 
 def _run_dues(instance: dg.DagsterInstance, task_key: str, since: datetime) -> set[datetime]:
@@ -141,11 +141,19 @@ def audit_task(
     if scheduling.since is None:
         return TaskAudit(key, view.spec.missed_slot_policy, None, end, 0, ())
     start = max(since, scheduling.since)
-    seen = _ledger_dues(ledger, key, since)
+    seen, paused = _ledger_dues(ledger, key, since)
     if instance is not None:
         seen |= _run_dues(instance, key, since)
     dues = expected_dues(view, start, end)
-    verdicts = [(d, due_verdict(d, scheduling, accounted=d in seen)[0]) for d in dues]
+    verdicts = [
+        (
+            d,
+            DueVerdict.PAUSED
+            if d in paused
+            else due_verdict(d, scheduling, accounted=d in seen)[0],
+        )
+        for d in dues
+    ]
     return TaskAudit(
         key,
         view.spec.missed_slot_policy,

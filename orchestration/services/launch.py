@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -76,6 +76,28 @@ mutation DueledgerReexecute($params: ReexecutionParams!) {
   }
 }
 """
+
+
+#: What `dueledger catch-up` submits: several new runs in one `dagster-graphql` process (the
+#: mutation a client of the UI's API sends; run tags are ours, the job's are not applied).
+LAUNCH_MANY_MUTATION: Final = """
+mutation DueledgerLaunchMany($params: [ExecutionParams!]!) {
+  launchMultipleRuns(executionParamsList: $params) {
+    __typename
+    ... on LaunchMultipleRunsResult {
+      launchMultipleRunsResult {
+        __typename
+        ... on LaunchRunSuccess { run { runId } }
+        ... on Error { message }
+        ... on RunConfigValidationInvalid { errors { message } }
+      }
+    }
+    ... on Error { message }
+  }
+}
+"""
+#: The code location `workspace.yaml` loads (its ``location_name``).
+LOCATION_NAME: Final = "dueledger"
 
 
 class LaunchFailed(RuntimeError):
@@ -230,6 +252,62 @@ def reexecute_run(
         except (OSError, ValueError) as exc:
             raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
     return run_id_from_reexecution(result)
+
+
+def launch_runs(
+    job_name: str, tag_sets: Sequence[Mapping[str, str]], *, workspace: Path | None = None
+) -> list[str | LaunchFailed]:
+    """Launch one run of ``job_name`` per tag set through one ``launchMultipleRuns``; returns,
+    in order, each run's id or the LaunchFailed saying why it was not created. The command
+    itself failing raises LaunchFailed (no run was created)."""
+    selector = {
+        "repositoryLocationName": LOCATION_NAME,
+        "repositoryName": "__repository__",
+        "jobName": job_name,
+    }
+    params = [
+        {
+            "selector": selector,
+            "runConfigData": {},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+        }
+        for tags in tag_sets
+    ]
+    with tempfile.TemporaryDirectory(prefix="dueledger-launch-") as tmp:
+        out = Path(tmp) / "result.json"
+        _run_dagster_cli(
+            "dagster-graphql",
+            [
+                "-w",
+                str(_workspace(workspace)),
+                "-t",
+                LAUNCH_MANY_MUTATION,
+                "-v",
+                json.dumps({"params": params}),
+                "-o",
+                str(out),
+            ],
+            "dagster-graphql launchMultipleRuns",
+        )
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError) as exc:
+            raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
+    payload = (result.get("data") or {}).get("launchMultipleRuns") or {}
+    items = payload.get("launchMultipleRunsResult")
+    if result.get("errors") or not isinstance(items, list) or len(items) != len(tag_sets):
+        detail = payload.get("message") or result.get("errors") or payload
+        raise LaunchFailed(f"launchMultipleRuns failed: {detail}")
+    outcomes: list[str | LaunchFailed] = []
+    for item in items:
+        if item.get("__typename") == "LaunchRunSuccess":
+            outcomes.append(str(item["run"]["runId"]))
+        else:
+            why = item.get("message") or "; ".join(
+                str(e.get("message")) for e in item.get("errors", [])
+            )
+            outcomes.append(LaunchFailed(f"launchRun returned {item.get('__typename')}: {why}"))
+    return outcomes
 
 
 # --- the launcher a retry is given -------------------------------------------------------------

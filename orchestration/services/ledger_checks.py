@@ -290,8 +290,8 @@ def unledgered_failed_runs(
     found = []
     for record in records:
         run = record.dagster_run
-        if run.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED:
-            continue  # canceled by the ledger's own decision, audited as run_refused
+        if run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES:
+            continue  # ended by the ledger's own decision (refused, skipped, replaced), audited
         for tags in attributed_tags(run, views):
             task = tags[t.TAG_TASK]
             try:

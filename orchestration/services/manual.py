@@ -30,6 +30,7 @@ from resources.core import tags as t
 from resources.core.checks import check_reason, check_request_id
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import check_operator_name
+from resources.core.policies import OVERLAP_SKIP
 from resources.core.registry import TaskSpec, find_task, task_run_tags
 from resources.ledger import Ledger, dedup_key_for_request
 
@@ -82,12 +83,15 @@ def launch_manual(
     ledger: Ledger,
     hooks: Hooks,
     submit: Submit = submit_run,
+    queue: bool = False,
 ) -> LaunchResult:
     """Launch a task manually, idempotent on ``request_id``.
 
     Raises InvalidInput (unknown task, empty operator/reason), Refused (task not
-    manually triggerable, or denied by a blocking ``before_task_create`` plugin listener;
-    nothing launched) or LaunchFailed (entry -> dispatch_failed).
+    manually triggerable, denied by a blocking ``before_task_create`` plugin listener, or --
+    overlap ``skip`` -- running now, without ``queue``; nothing launched) or LaunchFailed
+    (entry -> dispatch_failed). With ``queue`` the run waits for its turn under ``skip`` and
+    ``buffer_one`` (the entry's ``summary.overlap`` is ``queue``).
     """
     spec = find_task(specs, task_key)
     if spec is None:
@@ -107,6 +111,15 @@ def launch_manual(
         )
     request_id = request_id or str(uuid.uuid4())
     dispatch, existing = latest_dispatch(instance, task_key, request_id)
+    if existing is None and not queue and spec.overlap_policy == OVERLAP_SKIP:
+        running = ledger.in_progress(task_key)
+        if running:
+            busy = running[0]
+            raise Refused(
+                f"task {task_key!r} is running (entry {busy.id}, {busy.label}, {busy.status}) "
+                f"and its overlap policy is skip: this launch would be skipped. Nothing was "
+                f"launched; add --queue to wait for its turn"
+            )
     if existing is not None and _needs_redispatch(ledger, existing, task_key, request_id):
         # Its run ended before claiming the entry (canceled in the queue, failed to start)
         # and the entry is dispatch_failed, whoever recorded that: this repeat of the
@@ -138,6 +151,8 @@ def launch_manual(
     )
     if gate is not None:
         record(ledger, entry.id, gate.before.records())
+        if queue:
+            entry = ledger.wait_turn(entry.id)
         # This request's earlier launch failed before any run existed: launching it again
         # is its re-dispatch, so its run finds the entry claimable.
         redispatched = entry.status == t.STATUS_DISPATCH_FAILED

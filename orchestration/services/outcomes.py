@@ -215,9 +215,9 @@ def run_outcome(
     to (None: not a task run, or the run is gone)."""
     run_id = event_record.event_log_entry.run_id
     record = instance.get_run_record_by_id(run_id)
-    if record is None or record.dagster_run.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED:
-        # A run the ledger refused ended CANCELED by the ledger's own decision (recorded
-        # then): it never reached its task, and it is no dispatch failure.
+    if record is None or record.dagster_run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES:
+        # A run the ledger refused, skipped or replaced ended by the ledger's own decision
+        # (recorded then): it is no dispatch failure, and its entry says what happened.
         return None
     per_task = attributed_tags(record.dagster_run, views)
     if not per_task:
@@ -419,9 +419,7 @@ def settle_abandoned_retries(
 def _refused(run: dg.DagsterRun) -> bool:
     """A run the ledger refused: CANCELED by the claim wrapper (before issue 23, such runs
     ended SUCCESS with the same tag)."""
-    return run.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED or (
-        run.status == dg.DagsterRunStatus.SUCCESS
-    )
+    return run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES or (run.status == dg.DagsterRunStatus.SUCCESS)
 
 
 def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:

@@ -9,7 +9,8 @@ The claim path, top-down, each step once:
 3. DESIGN rule 4 for UI re-executions and ``manual_retry`` runs:
    ``reexecution.apply_reexecution_rule`` (which records a retry through ``retry.py``);
 4. the entry is created insert-or-ignore, a dead retry chain's attempt settled, a
-   dispatch failure resumed, and the entry claimed by compare-and-set with a lease;
+   dispatch failure resumed, and the entry claimed by compare-and-set with a lease, under
+   the task's pauses and overlap policy (``overlap.py``: a skipped run ends CANCELED);
 5. the body runs under a heartbeat, fenced; its outcome is recorded, hooks fired
    (``task_events.py``).
 """
@@ -32,12 +33,13 @@ from orchestration.services.dagster_runs import (
     turn_off_dagster_retries,
 )
 from orchestration.services.hooks import TASK_AFTER, TASK_BEFORE, TASK_FAILED, Hooks
+from orchestration.services.overlap import claim_entry
 from orchestration.services.reexecution import apply_reexecution_rule
 from orchestration.services.task_events import fire_task_event, record_creation_hooks
 from orchestration.services.task_plugins import task_registry
+from orchestration.services.unclaimed import end_unclaimed_run, lineage_root
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from resources.core import tags as t
-from resources.core.entries import ACTION_RUN_REFUSED
 from resources.core.fence import EffectGuard, FenceLost
 from resources.core.registry import TaskSpec
 from resources.core.requests import (
@@ -90,7 +92,7 @@ def task_run(
     The body gets the run it claimed. A run the ledger does not let act -- a duplicate or
     late run, a refused UI re-execution, a manual launch of a task that is not manually
     triggerable -- never reaches the body: it ends CANCELED with the reason as its message
-    and first log line, tagged ``dueledger/outcome=refused`` (:func:`end_refused_run`).
+    and first log line, tagged ``dueledger/outcome=refused`` (``unclaimed.end_unclaimed_run``).
 
     Plugin hooks (``hooks``) fire around the body of a claimed run (``task_before``, then
     ``task_after`` or ``task_failed``); their outcomes are stored on the entry and never fail
@@ -107,10 +109,10 @@ def task_run(
     request, refusal = apply_reexecution_rule(context, ledger, spec, request)
     if refusal is not None:
         assert refusal.entry is not None  # a refusal names the parent's entry
-        end_refused_run(context, ledger, refusal.message, refusal.entry, request)
+        end_unclaimed_run(context, ledger, refusal.message, refusal.entry, request)
     unissued = unissued_launch(spec, request, context.run.tags)
     if unissued is not None:
-        end_refused_run(context, ledger, unissued, None, request)
+        end_unclaimed_run(context, ledger, unissued, None, request)
     entry = ledger.ensure_entry(
         task_key=request.task_key,
         trigger=request.trigger,
@@ -124,7 +126,8 @@ def task_run(
     entry = settle_parent_of_automatic_retry(context, ledger, entry)
     entry = resume_dispatch_failed_entry_in_its_retry(context, ledger, entry)
     as_of = run_as_of(context, request)
-    result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
+    # The task's pauses and overlap policy: a run that may not claim ends there (overlap.py).
+    result = claim_entry(context, ledger, spec, entry, request)
     if not result.claimed and result.entry.status == t.STATUS_DISPATCH_FAILED:
         # The outcome sensor recorded the parent's dispatch failure between our read and
         # the claim: resume once more.
@@ -133,12 +136,14 @@ def task_run(
             result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
         reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
-        end_refused_run(context, ledger, reason, result.entry, request)
+        skipped = result.entry.status == t.STATUS_SKIPPED
+        outcome = t.OUTCOME_SKIPPED if skipped else t.OUTCOME_REFUSED
+        end_unclaimed_run(context, ledger, reason, result.entry, request, outcome=outcome)
     if result.reentrant:
         # A second process of this Dagster run: two daemons dequeued it at once (dagster
         # #33962), or its worker was restarted. The claim is the other process's; acting
         # under it would do the work twice (found by tests/history's shared_claim rule). Not
-        # end_refused_run: canceling the run would cancel the process that does the work.
+        # end_unclaimed_run: canceling the run would cancel the process that does the work.
         reason = (
             f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds "
             f"it in another process; this process does nothing (a second worker of one run)"
@@ -340,54 +345,6 @@ def partition_window_end(context: dg.AssetExecutionContext) -> datetime | None:
     if not isinstance(context.assets_def.partitions_def, dg.TimeWindowPartitionsDefinition):
         return None
     return context.partition_time_window.end.astimezone(UTC)
-
-
-def end_refused_run(
-    context: dg.AssetExecutionContext,
-    ledger: Ledger,
-    message: str,
-    entry: Entry | None,
-    request: EntryRequest,
-) -> NoReturn:
-    """The ledger does not let this run act: it does nothing and ends CANCELED, never a green
-    "Success" (docs/operators.md, "A run the ledger refused"). Its first log line and its
-    cancellation message say why; it is tagged ``dueledger/outcome=refused`` (with the entry
-    it was refused on and that entry's lineage), and the refusal is audited (action
-    ``run_refused``), which is what `dueledger summary` counts as ``refused_24h`` -- apart
-    from failures: Dagster does not retry a canceled run, and nothing counts it as failed."""
-    run_id = context.run.run_id
-    context.log.warning(f"refused by the ledger: {message}")
-    tags = {t.TAG_OUTCOME: t.OUTCOME_REFUSED}
-    if entry is not None:
-        tags |= {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(lineage_root(ledger, entry))}
-    try:
-        context.instance.add_run_tags(run_id, tags)
-    except Exception as exc:  # the ledger holds the truth; the tags make it findable
-        context.log.warning(f"could not tag run {run_id} as refused: {exc}")
-    ledger.write_audit(
-        operator=request.operator,
-        action=ACTION_RUN_REFUSED,
-        entry_id=entry.id if entry is not None else None,
-        reason=None,
-        checks={"run_id": run_id, "task_key": request.task_key, "dedup_key": request.dedup_key},
-        outcome=f"refused: {message}",
-    )
-    context.instance.report_run_canceling(context.run, message=f"refused: {message}")
-    # With the run CANCELING, Dagster ends it CANCELED (whichever executor runs the step).
-    raise dg.DagsterExecutionInterruptedError(f"refused by the ledger: {message}")
-
-
-def lineage_root(ledger: Ledger, entry: Entry) -> int:
-    """The id of the entry at the top of ``entry``'s manual-retry lineage (itself if none)."""
-    seen = {entry.id}
-    root = entry
-    while root.parent_id is not None and root.parent_id not in seen:
-        parent = ledger.get(root.parent_id)
-        if parent is None:
-            return root.parent_id
-        seen.add(parent.id)
-        root = parent
-    return root.id
 
 
 def _mark_run(

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
+from orchestration.services.policies import deadline_misses
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.instants import iso
@@ -61,6 +62,7 @@ SUMMARY_TOTALS: Final = {
     "dispatch_failed_24h": "dispatch_failed_window",
     "lease_reclaimed_24h": "lease_reclaimed_window",
     "refused_24h": "refused_window",
+    "skipped_24h": "skipped_window",
     "queued": "queued",
     "retrying": "retrying",
 }
@@ -70,7 +72,9 @@ TASK_COLUMNS: Final = (
     "failed_24h",
     "dispatch_failed_24h",
     "missed_24h",
+    "deadline_missed_24h",
     "paused_24h",
+    "skipped_24h",
     "stale",
     "active",
     "success_24h",
@@ -102,6 +106,7 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
             "manual_retry_24h",
             "dispatch_failed_24h",
             "lease_reclaimed_24h",
+            "skipped_24h",
         ),
         0,
     )
@@ -118,6 +123,8 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
             counts["dispatch_failed_24h"] += 1
         if e.trigger == t.TRIGGER_MANUAL_RETRY and _after(e.created_at, since):
             counts["manual_retry_24h"] += 1
+        if e.status == t.STATUS_SKIPPED and _after(e.finished_at, since):
+            counts["skipped_24h"] += 1
     return counts
 
 
@@ -147,6 +154,7 @@ def ledger_summary(
     for entry in recent_entries(ledger, since):
         by_task.setdefault(entry.task_key, []).append(entry)
     policies = {v.spec.key: v.spec.missed_slot_policy for v in views}
+    deadlines = {v.spec.key: len(deadline_misses(ledger, v, now, window=window)) for v in views}
     rows = []
     for key in [*policies, *sorted(k for k in by_task if k not in policies)]:
         entries = by_task.get(key, [])
@@ -162,6 +170,7 @@ def ledger_summary(
                 "missed_24h": len(audit.missed) if audit else 0,
                 "missed_dues": [format_due(d) for d in audit.missed] if audit else [],
                 "paused_24h": len(audit.paused) if audit else 0,
+                "deadline_missed_24h": deadlines.get(key, 0),
                 "audited_since": iso(audit.start) if audit and audit.start else None,
                 "last_success_at": iso(max(successes)) if successes else None,
             }
@@ -170,6 +179,7 @@ def ledger_summary(
         **{name: int(counts[key]) for name, key in SUMMARY_TOTALS.items()},
         "missed_24h": sum(len(a.missed) for a in audits.values()),
         "paused_24h": sum(len(a.paused) for a in audits.values()),
+        "deadline_missed_24h": sum(deadlines.values()),
         "attention": attention_rows(by_task.values(), now, since),
         "as_of": iso(now),
         "window_hours": int(window.total_seconds() // 3600),
@@ -183,7 +193,16 @@ def ledger_summary(
             ),
             "paused_24h": (
                 "dues in the window inside a pause of their task (schedule stopped in the "
-                "Dagster UI, or paused): not run on purpose, not missed"
+                "Dagster UI, `dueledger pause`, paused after failures): not run on purpose, "
+                "not missed; each is written as a skipped entry"
+            ),
+            "skipped_24h": (
+                "entries that ended skipped in the window: not run on purpose, with the reason "
+                "in their error text (overlap: entry N running, paused by NAME: REASON)"
+            ),
+            "deadline_missed_24h": (
+                "dues whose deadline (a duration after the due) passed in the window without "
+                "the due succeeding by then"
             ),
             "refused_24h": (
                 "runs the ledger did not let act (duplicate or late runs, refused "
@@ -291,6 +310,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
             "dispatch_failed_24h",
             "missed_24h",
             "paused_24h",
+            "skipped_24h",
+            "deadline_missed_24h",
             "refused_24h",
         )
     )

@@ -18,7 +18,6 @@ the file, else its default::
     url = "https://hooks.slack.com/services/T0/B0/XXXX"   # DUELEDGER_ALERT_WEBHOOK_URL
     format = "slack"                      # DUELEDGER_ALERT_WEBHOOK_FORMAT: json | slack
     timeout_seconds = 5                   # DUELEDGER_ALERT_TIMEOUT_SECONDS
-
     [email]
     to = ["oncall@example.org"]           # DUELEDGER_ALERT_EMAIL_TO (comma-separated)
     from = "dueledger@example.org"        # DUELEDGER_ALERT_EMAIL_FROM
@@ -64,6 +63,8 @@ KIND_RETRY_LOST: Final = "retry_lost"  # ledger_outcome_sensor: Dagster lost a r
 KIND_UNSUPPORTED_TASK: Final = tags.FAILURE_UNSUPPORTED_TASK  # the run of a removed task
 KIND_SLOT_HEALTH: Final = "slot_health"  # slot_health_sensor, once per slot
 KIND_LIVENESS: Final = "liveness"  # `dueledger liveness --alert`
+KIND_TASK_PAUSED: Final = "task_paused"  # ledger_policy_sensor: pause_after_failures paused it
+KIND_DEADLINE_MISSED: Final = "deadline_missed"  # ledger_policy_sensor: a due passed its deadline
 #: Every alert kind dueledger emits (a ``kinds`` filter may name only these).
 ALERT_KINDS: Final = (
     KIND_LEASE_RECLAIMED,
@@ -73,6 +74,8 @@ ALERT_KINDS: Final = (
     KIND_UNSUPPORTED_TASK,
     KIND_SLOT_HEALTH,
     KIND_LIVENESS,
+    KIND_TASK_PAUSED,
+    KIND_DEADLINE_MISSED,
 )
 
 #: Longest subject key the delivery records hold.

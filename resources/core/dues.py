@@ -21,6 +21,14 @@ from enum import StrEnum
 
 from resources.core.instants import iso
 
+#: How a due skipped for a pause says so (``Pause.skip_reason``): ``paused by NAME: REASON``.
+PAUSED_PREFIX = "paused by "
+
+
+def skipped_for_pause(error: str | None) -> bool:
+    """Does a skipped entry's reason say a pause skipped it?"""
+    return (error or "").startswith(PAUSED_PREFIX)
+
 
 class DueVerdict(StrEnum):
     ACCOUNTED = "accounted"
@@ -38,9 +46,17 @@ class Pause:
     by: str
     reason: str
     source: str = ""
+    #: Its row in ``dueledger_pauses`` (None for a pause not read from the ledger).
+    id: int | None = None
+    task_key: str = ""
 
     def covers(self, due: datetime) -> bool:
         return self.start <= due and (self.end is None or due < self.end)
+
+    @property
+    def skip_reason(self) -> str:
+        """What a due skipped for this pause says (DESIGN): ``paused by NAME: REASON``."""
+        return f"{PAUSED_PREFIX}{self.by}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ def due_verdict(
         )
     pause = scheduling.pause_at(due)
     if pause is not None:
-        return DueVerdict.PAUSED, f"paused by {pause.by}: {pause.reason}"
+        return DueVerdict.PAUSED, pause.skip_reason
     return DueVerdict.MISSED, "no run was created for it"
 
 

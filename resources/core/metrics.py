@@ -37,9 +37,8 @@ from resources.core.alerting import (
 )
 
 # --- statuses the metrics sort entries into -----------------------------------------------
-#: DESIGN's terminal ``skipped`` status (a due not run, with a reason: overlap, paused). Issue 24
-#: adds it to ``resources/core/tags.py``; counted from the day entries carry it.
-STATUS_SKIPPED: Final = "skipped"
+#: DESIGN's terminal ``skipped`` status (a due not run, with a reason: overlap, paused).
+STATUS_SKIPPED: Final = tags.STATUS_SKIPPED
 #: Statuses an entry never leaves: ``dueledger_entries_total`` counts them.
 COUNTED_STATUSES: Final = (tags.STATUS_SUCCESS, tags.STATUS_FAILED, STATUS_SKIPPED)
 #: Statuses an entry passes through: ``dueledger_open_entries`` shows how many are in each now

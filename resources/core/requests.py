@@ -54,6 +54,7 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
 
     - manual_retry (``dueledger/parent_entry``)   -> ``retry:<parent entry id>``
     - schedule / sensor (``dueledger/due``)       -> ``due:<due>``
+    - manual with ``dueledger/due`` (catch-up)    -> ``due:<due>``
     - backfill (``dagster/backfill`` + partition) -> ``backfill:<id>:<partition>``
     - manual (``dueledger/request_id``)           -> ``manual:<request id>``
     - no dueledger trigger (UI launchpad run)     -> ``manual:<root run id>``
@@ -90,6 +91,12 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
     if trigger in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) and t.TAG_DUE in tags:
         due = Due.parse(tags[t.TAG_DUE])
         return EntryRequest(task_key, trigger, due.key, due=due)
+    if trigger == t.TRIGGER_MANUAL and t.TAG_DUE in tags:
+        # `dueledger catch-up`: an operator's run of a past due is that due's run.
+        due = Due.parse(tags[t.TAG_DUE])
+        return EntryRequest(
+            task_key, t.TRIGGER_MANUAL, due.key, due=due, operator=operator, reason=reason
+        )
     if trigger == t.TRIGGER_MANUAL and tags.get(t.TAG_REQUEST_ID):
         return EntryRequest(
             task_key,

@@ -98,19 +98,18 @@ def _sample_fires(cron: str, timezone: str) -> tuple[datetime, ...]:
     """The first fires of ``cron`` (read in ``timezone``) after the sample start, as UTC
     instants: at most ``_SAMPLE_FIRES``, none later than ``_SAMPLE_SPAN`` after the start.
 
+    The zone is read at its offset of the sample start, all year: a cadence is the rule's,
+    not its DST days' (stepping through a clock change, a daily 02:00 cron would show fires
+    an hour apart, and "hourly"); resources/core/zoned.py applies the DST rule to dues.
     Loading the code location samples every cron task here, and croniter's steps were most
     of what the definitions cost beyond Dagster's own (bench/run_cost.py): one sample per
-    cron serves both cadences, and a cron read in UTC steps over naive datetimes, which
-    skips croniter's timezone bookkeeping (UTC has no DST, so the fires are the same).
+    cron serves both cadences, stepping over naive wall times.
     """
-    # as_utc reads the naive fires as UTC, the aware ones converts.
-    if timezone == "UTC":
-        itr = croniter(cron, _SAMPLE_START.replace(tzinfo=None))
-    else:
-        itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(timezone)))
+    offset = ZoneInfo(timezone).utcoffset(_SAMPLE_START.replace(tzinfo=None)) or timedelta(0)
+    itr = croniter(cron, (_SAMPLE_START + offset).replace(tzinfo=None))
     fires = []
     for _ in range(_SAMPLE_FIRES):
-        fire = as_utc(itr.get_next(datetime))
+        fire = (itr.get_next(datetime) - offset).replace(tzinfo=UTC)
         if fire - _SAMPLE_START > _SAMPLE_SPAN:
             break
         fires.append(fire)

@@ -22,6 +22,13 @@ TAG_ENTRY: Final = "dueledger/entry"
 #: silent green: such a run ends CANCELED with the reason as its message (docs/operators.md).
 TAG_OUTCOME: Final = "dueledger/outcome"
 OUTCOME_REFUSED: Final = "refused"
+#: The task's overlap policy or a pause did not let the run's entry run: it ended ``skipped``.
+OUTCOME_SKIPPED: Final = "skipped"
+#: A newer run of the task replaced this one (overlap policy ``replace``).
+OUTCOME_REPLACED: Final = "replaced"
+#: Every outcome: a run carrying one was decided by the ledger (the outcome sensor and the
+#: ``no_unledgered_failed_runs`` check leave it alone).
+OUTCOMES: Final = (OUTCOME_REFUSED, OUTCOME_SKIPPED, OUTCOME_REPLACED)
 #: On every run of an entry's lineage (its attempts, retries, manual retries and their
 #: children): the root entry id, so the root's Runs filter lists every run that followed it.
 TAG_LINEAGE: Final = "dueledger/lineage"
@@ -54,6 +61,9 @@ STATUS_RETRYING: Final = "retrying"
 STATUS_SUCCESS: Final = "success"
 STATUS_FAILED: Final = "failed"
 STATUS_DISPATCH_FAILED: Final = "dispatch_failed"
+#: Terminal: the entry was not run, on purpose, and says why in its ``error`` text
+#: (``overlap: entry 12 running``, ``paused by alice: ...``); never a silent gap.
+STATUS_SKIPPED: Final = "skipped"
 STATUSES: Final = (
     STATUS_QUEUED,
     STATUS_RUNNING,
@@ -61,20 +71,25 @@ STATUSES: Final = (
     STATUS_SUCCESS,
     STATUS_FAILED,
     STATUS_DISPATCH_FAILED,
+    STATUS_SKIPPED,
 )
-TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED)
+TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED, STATUS_SKIPPED)
 
 FAILURE_ERROR: Final = "error"
 FAILURE_TIMEOUT: Final = "timeout"
 FAILURE_LEASE_RECLAIMED: Final = "lease_reclaimed"
 FAILURE_UNSUPPORTED_TASK: Final = "unsupported_task"
 FAILURE_DISPATCH: Final = "dispatch"
+#: A newer run of the task replaced the entry's run (overlap ``replace``); set by the claim
+#: that replaced it, naming the new entry.
+FAILURE_REPLACED: Final = "replaced"
 FAILURE_KINDS: Final = (
     FAILURE_ERROR,
     FAILURE_TIMEOUT,
     FAILURE_LEASE_RECLAIMED,
     FAILURE_UNSUPPORTED_TASK,
     FAILURE_DISPATCH,
+    FAILURE_REPLACED,
 )
 
 # --- Dagster's own tags that dueledger reads or sets ----------------------------------

@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from resources.core import tags
 from resources.core.fence import Fence, FenceLost
-from resources.ledger.resource import Ledger
+from resources.ledger.ledger import Ledger
 
 # In-memory SQLite databases are private to their connection: never "the same" as another.
 _PRIVATE = itertools.count()

@@ -2,10 +2,11 @@
 
 It joins the read side (``queries.py``), the compare-and-set write side
 (``transitions.py``), the alert delivery records (``deliveries.py``), the schedules and pauses
-(``scheduling.py``) and the metrics scrape's queries (``metrics.py``) over the shared plumbing
-(``store.py``). The services take a ``Ledger``. Two kinds are made: :meth:`Ledger.open` for a
-command or a script (`dueledger runs list` loads no Dagster), and ``RunLedger``
-(``resource.py``), the same ledger as the code location's Dagster resource.
+(``scheduling.py``), the metrics scrape's queries (``metrics.py``) and the overlap claims and
+skipped entries (``overlap.py``) over the shared plumbing (``store.py``). The services take a
+``Ledger``. Two kinds are made: :meth:`Ledger.open` for a command or a script (`dueledger runs
+list` loads no Dagster), and ``RunLedger`` (``resource.py``), the same ledger as the code
+location's Dagster resource.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.engine import Runtime
 from resources.ledger.metrics import LedgerMetricsQueries
+from resources.ledger.overlap import LedgerOverlap
 from resources.ledger.queries import LedgerQueries
 from resources.ledger.scheduling import LedgerScheduling
 from resources.ledger.transitions import LedgerTransitions
@@ -28,6 +30,7 @@ class Ledger(
     LedgerAlertDeliveries,
     LedgerScheduling,
     LedgerMetricsQueries,
+    LedgerOverlap,
 ):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 

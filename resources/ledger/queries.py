@@ -169,8 +169,9 @@ class LedgerQueries(LedgerStore):
         the reclaim sensor will fail); ``queued`` / ``retrying``: waiting now. Over the last
         ``window``: ``failed`` / ``success`` / ``lease_reclaimed`` by ``finished_at``,
         ``dispatch_failed`` by ``updated_at`` (the last launch failure), ``manual_retry``
-        entries by ``created_at``; ``refused``: runs the ledger did not let act (audited as
-        ``run_refused``) by the audit's time. Keys of the windowed counts end in ``_window``.
+        entries by ``created_at``, ``skipped`` (overlap, pauses) by ``finished_at``;
+        ``refused``: runs the ledger did not let act (audited as ``run_refused``) by the
+        audit's time. Keys of the windowed counts end in ``_window``.
         """
         if not isinstance(window, timedelta) or window <= timedelta(0):
             raise ValueError(f"window must be a positive timedelta, got {window!r}")
@@ -196,6 +197,7 @@ class LedgerQueries(LedgerStore):
             "manual_retry_window": sa.and_(
                 c.trigger == tags.TRIGGER_MANUAL_RETRY, c.created_at >= since
             ),
+            "skipped_window": sa.and_(c.status == tags.STATUS_SKIPPED, c.finished_at >= since),
         }
         count = sa.select(sa.func.count()).select_from(entries)
         # Runs the ledger refused (each audited once, by the claim wrapper): by the audit's

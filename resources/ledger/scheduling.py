@@ -9,7 +9,7 @@ it was stopped; ``dueledger pause``/``resume`` write pauses too. Pauses are clos
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final
 
@@ -24,8 +24,12 @@ from resources.ledger.store import LedgerStore
 
 SCHEDULE_RUNNING: Final = "running"
 SCHEDULE_STOPPED: Final = "stopped"
-#: Where a pause comes from.
+#: Where a pause comes from: the Dagster UI's schedule toggle, `dueledger pause`, or the task
+#: pausing itself after consecutive failures (``pause_after_failures``).
 PAUSE_SCHEDULE_STOPPED: Final = "schedule_stopped"
+PAUSE_CLI: Final = "cli"
+PAUSE_AFTER_FAILURES: Final = "pause_after_failures"
+PAUSE_SOURCES: Final = (PAUSE_SCHEDULE_STOPPED, PAUSE_CLI, PAUSE_AFTER_FAILURES)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class LedgerScheduling(LedgerStore):
                     at,
                     UI_OPERATOR,
                     f"schedule {schedule_name} stopped in Dagster",
+                    PAUSE_SCHEDULE_STOPPED,
                 )
                 changes.append(f"schedule {schedule_name} stopped: paused")
             elif running and open_pause is not None:
@@ -123,15 +128,16 @@ class LedgerScheduling(LedgerStore):
                 and row["status"] == SCHEDULE_RUNNING
             ):
                 # Stopped and started again between two observations: the gap was a pause.
-                gap = self._insert_pause(
+                self._insert_pause(
                     conn,
                     task_key,
                     from_db(row["observed_at"]) or at,
                     UI_OPERATOR,
                     f"schedule {schedule_name} stopped and started again (restarted at "
                     f"{started_at:%Y-%m-%dT%H:%M:%SZ})",
+                    PAUSE_SCHEDULE_STOPPED,
+                    resumed=(started_at, UI_OPERATOR, "schedule started again"),
                 )
-                self._close_pause(conn, gap, started_at, UI_OPERATOR, "schedule started again")
                 changes.append(f"schedule {schedule_name} restarted: the gap is a pause")
         return changes
 
@@ -146,6 +152,52 @@ class LedgerScheduling(LedgerStore):
                 .where(schedules.c.task_key.in_(list(task_keys)))
                 .values(observed_at=to_db(self._now(now), "now"))
             )
+
+    def pause_task(
+        self, task_key: str, *, by: str, reason: str, source: str, now: datetime | None = None
+    ) -> Pause | None:
+        """Open a pause of ``task_key`` from ``source``; None when one from that source is open
+        already (at most one: a unique index over the open pauses, migration 0007)."""
+        require_text(task_key, "task_key")
+        require_text(by, "by")
+        require_text(reason, "reason")
+        if source not in PAUSE_SOURCES:
+            raise ValueError(f"pause source {source!r} is not one of {', '.join(PAUSE_SOURCES)}")
+        at = self._now(now)
+        try:
+            with self._connect("write") as conn:
+                if self._open_pause(conn, task_key, source) is not None:
+                    return None
+                pause_id = self._insert_pause(conn, task_key, at, by, reason, source)
+        except sa.exc.IntegrityError:
+            return None  # another process opened it between our read and our insert
+        return Pause(at, None, by, reason, source, id=pause_id, task_key=task_key)
+
+    def resume_task(
+        self,
+        task_key: str,
+        *,
+        by: str,
+        reason: str,
+        sources: Sequence[str],
+        now: datetime | None = None,
+    ) -> list[Pause]:
+        """Close the open pauses of ``task_key`` from ``sources``; returns them, closed."""
+        require_text(by, "by")
+        require_text(reason, "reason")
+        at = self._now(now)
+        closed: list[Pause] = []
+        with self._connect("write") as conn:
+            for pause in self._open_pauses(conn, task_key):
+                if pause.source in sources and pause.id is not None:
+                    self._close_pause(conn, pause.id, at, by, reason)
+                    closed.append(replace(pause, end=at))
+        return closed
+
+    def open_pauses(self, task_key: str | None = None) -> list[Pause]:
+        """The pauses not resumed yet, of ``task_key`` (every task's when None), oldest first."""
+        with self._connect("autocommit") as conn:
+            return self._open_pauses(conn, task_key)
 
     def pauses(self, task_key: str | None = None) -> list[Pause]:
         """The pauses of ``task_key`` (every task's when None), oldest first."""
@@ -179,17 +231,42 @@ class LedgerScheduling(LedgerStore):
         ).scalar()
         return int(found) if found is not None else None
 
+    def _open_pauses(self, conn: sa.Connection, task_key: str | None) -> list[Pause]:
+        query = (
+            sa.select(pauses)
+            .where(pauses.c.resumed_at.is_(None))
+            .order_by(pauses.c.paused_at, pauses.c.id)
+        )
+        if task_key is not None:
+            query = query.where(pauses.c.task_key == task_key)
+        return [_pause(r) for r in conn.execute(query).mappings()]
+
     def _insert_pause(
-        self, conn: sa.Connection, task_key: str, at: datetime, by: str, reason: str
+        self,
+        conn: sa.Connection,
+        task_key: str,
+        at: datetime,
+        by: str,
+        reason: str,
+        source: str,
+        *,
+        resumed: tuple[datetime, str, str] | None = None,
     ) -> int:
+        # A pause seen only once over (a stop and restart between two observations) is
+        # inserted closed (``resumed``: when, by whom, why), never meeting the unique index
+        # over open pauses.
+        end, resumed_by, resume_reason = resumed if resumed else (None, None, None)
         result = conn.execute(
             sa.insert(pauses)
             .values(
                 task_key=task_key,
-                source=PAUSE_SCHEDULE_STOPPED,
+                source=source,
                 paused_at=to_db(at, "paused_at"),
                 paused_by=by,
                 reason=reason,
+                resumed_at=to_db(end, "resumed_at") if end else None,
+                resumed_by=resumed_by,
+                resume_reason=resume_reason,
             )
             .returning(pauses.c.id)
         )
@@ -214,4 +291,6 @@ def _pause(row: sa.RowMapping) -> Pause:
         by=row["paused_by"],
         reason=row["reason"],
         source=row["source"],
+        id=int(row["id"]),
+        task_key=row["task_key"],
     )

@@ -26,6 +26,7 @@ AUDIT_TABLE: Final = "dueledger_audit"
 ALERT_DELIVERIES_TABLE: Final = "dueledger_alert_deliveries"
 SCHEDULES_TABLE: Final = "dueledger_schedules"
 PAUSES_TABLE: Final = "dueledger_pauses"
+TASK_LOCKS_TABLE: Final = "dueledger_task_locks"
 #: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
 #: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
 VERSION_TABLE: Final = "dueledger_alembic_version"
@@ -208,6 +209,7 @@ pauses = sa.Table(
     sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
     sa.Column("task_key", sa.String(200), nullable=False),
     # schedule_stopped (the Dagster UI's toggle) | cli | pause_after_failures
+    # (resources/ledger/scheduling.py: PAUSE_SOURCES)
     sa.Column("source", sa.String(32), nullable=False),
     sa.Column("paused_at", sa.DateTime(), nullable=False),
     sa.Column("paused_by", sa.String(200), nullable=False),
@@ -216,5 +218,27 @@ pauses = sa.Table(
     sa.Column("resumed_by", sa.String(200), nullable=True),
     sa.Column("resume_reason", sa.Text(), nullable=True),
     sa.Index("ix_dueledger_pauses_task", "task_key", "paused_at"),
+    # Migration 0007: one open pause per task and source, whoever races to open it.
+    sa.Index(
+        "ux_dueledger_pauses_open",
+        "task_key",
+        "source",
+        unique=True,
+        postgresql_where=sa.text("resumed_at IS NULL"),
+        sqlite_where=sa.text("resumed_at IS NULL"),
+    ),
     sqlite_autoincrement=True,
+)
+
+# Migration 0007: the lock row of a task whose overlap the ledger decides (skip, buffer_one,
+# replace): claims lock it first, so two runs starting at once decide one after the other. It
+# names the run waiting for its turn under buffer_one, alive until ``waiting_until``.
+task_locks = sa.Table(
+    TASK_LOCKS_TABLE,
+    metadata,
+    sa.Column("task_key", sa.String(200), primary_key=True),
+    sa.Column("waiting_entry_id", ID_TYPE, nullable=True),
+    sa.Column("waiting_run_id", sa.String(255), nullable=True),
+    sa.Column("waiting_until", sa.DateTime(), nullable=True),
+    sa.Column("updated_at", sa.DateTime(), nullable=False),
 )

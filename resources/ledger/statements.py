@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from resources.core import tags
 from resources.core.entries import CLAIMABLE_STATUSES
-from resources.ledger.schema import entries
+from resources.ledger.schema import entries, task_locks
 
 _B_ID = sa.bindparam("b_id", type_=sa.BigInteger())
 _B_RUN = sa.bindparam("b_run_id", type_=sa.String())
@@ -51,6 +51,7 @@ class Statements:
     select_by_id: Any
     select_for_update: Any
     holds: Any
+    insert_task_lock: Any
 
 
 @functools.cache
@@ -125,4 +126,6 @@ def statements_for(dialect: str) -> Statements:
         holds=sa.select(entries.c.id)
         .where(*_OWNED_AND_RUNNING, entries.c.claim_generation == _B_TOKEN)
         .with_for_update(read=True),
+        # A task's lock row (resources/ledger/overlap.py), created on first use.
+        insert_task_lock=insert(task_locks).on_conflict_do_nothing(index_elements=["task_key"]),
     )

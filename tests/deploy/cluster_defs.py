@@ -39,7 +39,8 @@ from history.collect import (
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, task_run
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.core.settings import ENV_DATABASE_URL
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger

@@ -62,7 +62,8 @@ from history.history_checker import check, figures
 from pg_server import PgServer, free_port
 
 from resources.core import tags as t
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger
 

@@ -69,7 +69,8 @@ from resources.core.errors import Refused
 from resources.core.fence import FenceLost
 from resources.core.operators import Operators
 from resources.core.outcomes import RunOutcome
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.core.requests import entry_request_from_tags, is_retry_of_a_dispatch_failure
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger

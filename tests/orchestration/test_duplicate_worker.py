@@ -20,7 +20,8 @@ from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, task_run
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.registry import EverySlots, TaskSpec
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
 
 SPEC = TaskSpec(

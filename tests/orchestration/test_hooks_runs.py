@@ -27,7 +27,8 @@ from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.errors import Refused
-from resources.core.registry import EverySlots, TaskSpec
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
 
 
@@ -93,10 +94,12 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance):
+def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance, ledger: RunLedger):
     schedule = SCHEDULES[schedule_name]
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
-    return schedule.evaluate_tick(context)
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=when, resources={"ledger": ledger}
+    ) as context:
+        return schedule.evaluate_tick(context)
 
 
 def materialize(asset, ledger, instance, tags, **kw):
@@ -119,7 +122,7 @@ def hook_events(ledger: RunLedger, task_key: str, dedup_key: str) -> list[tuple[
 def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, ledger, instance):
     recorder = Recorder()
     install(recorder.listener())
-    result = evaluate("tick_every_slot_schedule", DUE, instance)
+    result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
     (request,) = result.run_requests
     assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
     before = recorder.one(hooks.BEFORE_TASK_CREATE)
@@ -181,7 +184,7 @@ def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
     step = timedelta(minutes=15 // ticks_in_slot)
     # Every fire of the cron inside one 15-minute slot: only the first asks for a run.
     fires = [DUE + i * step for i in range(ticks_in_slot)]
-    results = [evaluate(f"{task_key}_schedule", when, instance) for when in fires]
+    results = [evaluate(f"{task_key}_schedule", when, instance, ledger) for when in fires]
     (request,) = [r for result in results for r in result.run_requests]
     assert request.run_key == DUE_KEY
     assert all(result.skip_message for result in results[1:])
@@ -251,7 +254,7 @@ def test_a_deny_skips_the_due_only_when_the_listener_is_blocking(
         return hooks.deny("change freeze")
 
     install(freeze, recorder.listener())
-    result = evaluate("tick_every_slot_schedule", DUE, instance)
+    result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
     if blocking:
         assert result.run_requests == []
         assert "change freeze" in (result.skip_message or "")

@@ -22,7 +22,8 @@ from orchestration.services.audit import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.registry import Cron, EverySlots, NthSlotOfDay, TaskSpec, build_views
+from resources.core.plans import Cron, EverySlots, NthSlotOfDay
+from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.daemon

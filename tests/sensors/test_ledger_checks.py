@@ -25,7 +25,8 @@ from orchestration.services.reclaim import reclaim_leases
 from orchestration.services.runtime import task_run
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 SLOT = timedelta(minutes=15)
@@ -45,9 +46,8 @@ NO_HOOKS = Hooks.of(HookRegistry())
 @dg.asset(name="checked_task")
 def checked_task(context: dg.AssetExecutionContext, ledger: RunLedger):
     """The task: it claims its entry, then its body fails."""
-    with task_run(context, ledger, SPEC, hooks=NO_HOOKS) as run:
-        if run.claimed:
-            raise RuntimeError("the source is down")
+    with task_run(context, ledger, SPEC, hooks=NO_HOOKS):
+        raise RuntimeError("the source is down")
 
 
 def scheduled(due: datetime, **extra: str) -> dict[str, str]:

@@ -41,12 +41,13 @@ from orchestration.services.views import task_views
 from resources.core import tags as t
 from resources.core.instants import utc_now
 from resources.core.outcomes import Action, RunOutcome, decide
+from resources.core.plans import EverySlots
 from resources.core.redispatch import (
     plan_redispatch,
     redispatch_interval_seconds,
     redispatch_run_key,
 )
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.registry import TaskSpec, build_views
 from resources.core.requests import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
 from sensors import build_sensors
@@ -892,7 +893,7 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
         ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
         refused, _ = _failed_run(instance, parent=run)
         # The retry ran and was refused: it ends CANCELED, tagged refused (the claim wrapper's
-        # end_refused_run), its last status event the cancellation.
+        # end_unclaimed_run), its last status event the cancellation.
         instance.add_run_tags(refused.run_id, {t.TAG_OUTCOME: t.OUTCOME_REFUSED})
         instance.handle_new_event(
             dg.EventLogEntry(

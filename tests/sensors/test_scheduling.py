@@ -35,7 +35,8 @@ from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.operators import UI_OPERATOR
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 SLOT = timedelta(minutes=15)

@@ -35,7 +35,8 @@ import sqlalchemy as sa
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import task_run
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.core.settings import ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, dispatch_notifications
