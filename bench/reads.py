@@ -38,6 +38,7 @@ import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
 import _paths  # noqa: F401  first: puts the project and tests/ on sys.path
 import sqlalchemy as sa
@@ -260,9 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "DAGSTER_HOME": str(home),
             "DUELEDGER_DATABASE_URL": url,
         }
-        os.environ.update({"DAGSTER_HOME": str(home), "DUELEDGER_DATABASE_URL": url})
         rows = cold_commands(db, env, args.rounds)
-        rows += health_materialization(url, args.entries, args.rounds, now)
+        # The in-process materialization reads its settings from the environment; the
+        # previous values come back afterwards so a caller (a test) keeps its own.
+        with mock.patch.dict(
+            os.environ, {"DAGSTER_HOME": str(home), "DUELEDGER_DATABASE_URL": url}
+        ):
+            rows += health_materialization(url, args.entries, args.rounds, now)
     for row in rows:
         print(
             f"{row.area:14} {row.measurement[:70]:70} {row.value:>8} {row.unit:9} "

@@ -4,13 +4,17 @@ materializes, and the rows are written for bench/run.py."""
 
 from __future__ import annotations
 
+import os
+
 import reads
 from run import KIND_CHECK, read_json
 
 
 def test_a_small_run_times_the_reads_and_checks_none_loads_dagster(tmp_path):
     path = tmp_path / "reads.json"
+    before = dict(os.environ)
     assert reads.main(["--entries", "500", "--rounds", "1", "--json", str(path)]) == 0
+    assert dict(os.environ) == before, "the bench must leave the caller's environment as it was"
     bench, rows = read_json(path)
     assert bench == "reads"
     commands = [r for r in rows if r.area == "CLI reads" and r.kind != KIND_CHECK]
