@@ -21,8 +21,8 @@ database (``tests/pg_server.py``), and the dequeue interval at 1 s (as the soak 
 The dueledger runs go round-robin over the manually launchable tasks (``--tasks``: those
 named), each with the tags of ``dueledger launch`` (its own request id), so each claims its
 own ledger entry; the baseline location has as many one-asset jobs, each asset in its own
-pool, and its runs carry ``dueledger/task`` too, so the per-task concurrency limit of
-``deploy/dagster.yaml`` binds both the same way. Most manually launchable tasks run a domain
+pool, and its runs carry ``dueledger/task`` too, so the per-task pools of
+``deploy/dagster.yaml`` bind both the same way. Most manually launchable tasks run a domain
 rule, which imports pandas and computes on the sample data -- their work, which the
 one-asset jobs do not have; ``--tasks ledger_health`` (no pandas: a few reads of the ledger)
 comes closest to what dueledger adds around a run (one task: its runs, like the single

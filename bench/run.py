@@ -25,6 +25,12 @@ script merges them:
   with as many jobs and cron schedules: load, scheduling per due, ``dagster dev`` CPU over
   slot boundaries, due -> start latency, stored rows per day, drain, the ledger sensors'
   tick on 10,000 and 100,000 entries (issue 25's targets).
+- ``metrics``: ``bench/metrics_scrape.py`` -- one Prometheus scrape of `dueledger metrics
+  serve` vs ``SELECT count(*)`` on the same ledger, before and after migration 0005 (target
+  <= 200 ms at 1,000,000 entries).
+- ``reads``: ``bench/reads.py`` -- the CLI's read commands cold (CPU) vs ``python -c pass``
+  and ``sqlite3``, none importing Dagster (target: `runs list` <= 0.4 s CPU), and
+  ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries).
 
 Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -463,6 +469,18 @@ BENCHES: tuple[Bench, ...] = (
             *("--sizes", "10,100,500", "--slot-minutes", "5", "--window", "600"),
             *("--settle", "30", "--drain-runs", "40", "--ledger-sizes", "10000,100000"),
         ),
+    ),
+    Bench(
+        "metrics",
+        "metrics_scrape.py",
+        ("--entries", "20000", "--repeat", "3"),
+        ("--entries", "1000000", "--repeat", "5"),
+    ),
+    Bench(
+        "reads",
+        "reads.py",
+        ("--entries", "10000", "--rounds", "3"),
+        ("--entries", "100000", "--rounds", "5"),
     ),
 )
 

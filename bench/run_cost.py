@@ -34,6 +34,7 @@ Targets: load <= 1.30 (both kinds), one run <= 1.15 (issue 16); a miss shows as
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -42,7 +43,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -140,12 +141,25 @@ def make_sides(work: Path, services: int) -> tuple[Side, Side]:
     return dueledger, bare
 
 
+_SCHEDULED_DUES = itertools.count()
+
+
 def job_tags(task_key: str) -> str | None:
-    """A daily-partitioned task's run names its partition (today, UTC)."""
+    """A daily-partitioned task's run names its partition (today, UTC). A task that is not
+    manually triggerable runs only as its schedule launches it (issue 23): such a run gets
+    the tags its schedule gives, each with a due of its own (an older one each time)."""
     spec = next(s for s in TASKS if s.key == task_key)
-    if spec.partitions is None:
-        return None
-    return json.dumps({"dagster/partition": datetime.now(UTC).strftime("%Y-%m-%d")})
+    tags: dict[str, str] = {}
+    if spec.partitions is not None:
+        tags["dagster/partition"] = datetime.now(UTC).strftime("%Y-%m-%d")
+    if not spec.manual_trigger:
+        due = datetime(2026, 1, 1, tzinfo=UTC) - next(_SCHEDULED_DUES) * timedelta(days=1)
+        tags |= {
+            "dueledger/trigger": "schedule",
+            "dueledger/due": due.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "dagster/schedule_name": spec.schedule_name,
+        }
+    return json.dumps(tags) if tags else None
 
 
 def paired(
@@ -275,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_runs:
         for i, key in enumerate(args.tasks):
             spec = next(s for s in TASKS if s.key == key)
-            tags = job_tags(key)
             led, base = paired(
                 args.repeat,
                 i,
-                partial(dueledger.run, spec.job_name, tags),
+                # New tags for every run: a scheduled run's due is used once (issue 23).
+                lambda job=spec.job_name, key=key: dueledger.run(job, job_tags(key)),
                 partial(bare.run, BARE_JOB),
             )
             runs += len(led) + len(base)

@@ -63,7 +63,9 @@ from orchestration.factory import build_task_definitions
 from orchestration.services import hooks
 from orchestration.services.hooks import Hooks
 from resources.core import tags as t
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
+from resources.ledger import RunLedger
 
 VARIANTS = ("plain", "dueledger")
 SLOT_MINUTES = 15
@@ -107,8 +109,13 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
     if variant == "dueledger":
         # Whatever plugin listeners this environment installs, as a code location loads them.
         jobs, schedules = build_task_definitions(views, hooks=Hooks.from_environment())
+        # Each tick reads the task's open pauses from the ledger (issue 24): part of the cost.
         return dg.Definitions(
-            assets=assets, jobs=jobs, schedules=schedules, executor=dg.in_process_executor
+            assets=assets,
+            jobs=jobs,
+            schedules=schedules,
+            executor=dg.in_process_executor,
+            resources={"ledger": RunLedger()},
         )
     plain_jobs, plain_schedules = [], []
     for view in views:

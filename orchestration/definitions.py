@@ -11,11 +11,13 @@ from assets.domain_assets import DOMAIN_ASSETS
 from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import build_resources, plugin_task_assets, task_views
+from orchestration.catalog import build_resources, plugin_task_assets
 from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.task_plugins import TaskAssetLike
+from orchestration.services.views import task_views
+from resources.core.instants import utc_now
 from resources.core.settings import load_settings
 from sensors import SENSORS
 
@@ -23,7 +25,8 @@ _settings = load_settings()
 # The code location's plugin hooks, built once; listeners load on first use, not here.
 _hooks = Hooks.from_environment()
 _views = task_views(_settings)
-_jobs, _schedules = build_task_definitions(_views, hooks=_hooks)
+# The schedules' metadata lists each task's next dues as of this load.
+_jobs, _schedules = build_task_definitions(_views, hooks=_hooks, loaded_at=utc_now())
 # Core task assets, then those of the allowed plugin tasks (entry points `dueledger.tasks`).
 _task_assets: list[TaskAssetLike] = [
     *TASK_ASSETS,
@@ -40,4 +43,7 @@ defs = dg.Definitions(
     schedules=_schedules,
     sensors=SENSORS,
     resources={**build_resources(_settings), **domain_resources()},
+    # Every run's steps in its run worker's process, the task jobs' and the implicit asset
+    # job's alike (the Catalog's "Materialize"): one process per run, not two.
+    executor=dg.in_process_executor,
 )

@@ -7,19 +7,22 @@ run_key is exactly the due string, so a re-evaluated tick asks for the same run.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
 
 from orchestration.services.hooks import HookLog, Hooks
+from orchestration.services.scheduling import next_dues_text
 from resources.core import tags as t
+from resources.core.plans import decide_tick
 from resources.core.registry import (
     DAILY_PARTITIONS_START,
     TaskView,
-    decide_tick,
     partition_key_for,
     task_run_tags,
 )
+from resources.ledger import RunLedger
 
 #: The partitions of every task declared with ``partitions="daily"``: UTC days. The
 #: current day exists from its first instant on (end_offset=1), so the schedule's run for
@@ -36,19 +39,22 @@ def job_run_tags(view: TaskView) -> dict[str, str]:
 
 def _metadata(view: TaskView) -> dict[str, str | int | bool]:
     spec = view.spec
+    deadline = int(spec.deadline.total_seconds()) if spec.deadline else None
     return {
         "dueledger/rule": spec.rule.describe(),
         "dueledger/declared_cadence": spec.declared_cadence,
         "dueledger/effective_cadence": view.effective.label,
         "dueledger/slot_minutes": view.slot_minutes,
-        "dueledger/cron": view.plan.cron,
-        "dueledger/timezone": view.plan.timezone,
+        "dueledger/cron": " | ".join(view.plan.crons),
+        "dueledger/timezone": view.rule_zone,
         "dueledger/max_attempts": spec.max_attempts,
         "dueledger/timeout_seconds": int(spec.timeout.total_seconds()),
         "dueledger/lease_ttl_seconds": int(spec.lease_ttl.total_seconds()),
         "dueledger/manual_trigger": spec.manual_trigger,
         "dueledger/missed_slot_policy": spec.missed_slot_policy,
         "dueledger/overlap_policy": spec.overlap_policy,
+        "dueledger/pause_after_failures": spec.pause_after_failures or 0,
+        "dueledger/deadline_seconds": deadline or 0,
     }
 
 
@@ -58,6 +64,13 @@ def _description(view: TaskView) -> str:
         f"{spec.description} Rule: {spec.rule.describe()}; declared {spec.declared_cadence}; "
         f"effective {view.effective.label} on {view.slot_minutes}-minute slots."
     ).strip()
+    if view.rule_zone != "UTC":
+        text += (
+            f" Read in {view.rule_zone}: a local time skipped by a clock change runs once at "
+            f"the next valid instant, a repeated one once at its first occurrence."
+        )
+    if spec.overlap_policy != "queue":
+        text += f" Overlap policy: {spec.overlap_policy}."
     if view.warnings:
         text += " Warning: declared cadence is finer than the slot allows."
     return text
@@ -158,11 +171,28 @@ class _ContextLog:
         return self._context.log.warning(msg, *args, **kwargs)
 
 
+def paused_tick(ledger: RunLedger, view: TaskView, due: str) -> dg.SkipReason | None:
+    """The tick of a task paused (`dueledger pause`, or pausing after failures) runs nothing:
+    its skip reason says who paused it and why. ``ledger_policy_sensor`` records the due's
+    entry ``skipped`` (sensors/policies.py)."""
+    for pause in ledger.open_pauses(view.spec.key):
+        return dg.SkipReason(
+            f"{view.spec.key} {due}: {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ}"
+            f"); the due is recorded skipped; `dueledger resume {view.spec.key}` resumes it"
+        )
+    return None
+
+
 def build_task_schedule(
-    view: TaskView, job: dg.UnresolvedAssetJobDefinition, hooks: Hooks
+    view: TaskView,
+    job: dg.UnresolvedAssetJobDefinition,
+    hooks: Hooks,
+    *,
+    loaded_at: datetime | None = None,
 ) -> dg.ScheduleDefinition:
     """The task's schedule, running by default so `dagster dev` really schedules; its
-    requests pass the creation ``hooks``."""
+    requests pass the creation ``hooks``; a paused task's ticks run nothing. ``loaded_at``:
+    the next dues listed in its metadata are those after it (None: not listed)."""
 
     def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         scheduled = context.scheduled_execution_time
@@ -172,28 +202,36 @@ def build_task_schedule(
         request = schedule_run_request(view, scheduled)
         if isinstance(request, dg.SkipReason):
             return request
+        paused = paused_tick(context.resources.ledger, view, request.tags[t.TAG_DUE])
+        if paused is not None:
+            return paused
         return gate_run_request(request, hooks, log=_ContextLog(context))
 
+    metadata: dict[str, Any] = dict(_metadata(view))
+    if loaded_at is not None:
+        metadata["dueledger/next_dues"] = dg.MetadataValue.md(next_dues_text(view, loaded_at))
+    crons = view.plan.crons
     return dg.ScheduleDefinition(
         name=view.spec.schedule_name,
-        cron_schedule=view.plan.cron,
+        cron_schedule=crons[0] if len(crons) == 1 else list(crons),
         execution_timezone=view.plan.timezone,
         job=job,
         execution_fn=evaluate,
         description=_description(view),
-        metadata=_metadata(view),
+        metadata=metadata,
         default_status=dg.DefaultScheduleStatus.RUNNING,
+        required_resource_keys={"ledger"},
     )
 
 
 def build_task_definitions(
-    views: list[TaskView], *, hooks: Hooks
+    views: list[TaskView], *, hooks: Hooks, loaded_at: datetime | None = None
 ) -> tuple[list[dg.UnresolvedAssetJobDefinition], list[dg.ScheduleDefinition]]:
     """Jobs and schedules for every task (the one place they are made); the schedules fire
-    the creation events of ``hooks``."""
+    the creation events of ``hooks``, and list the next dues after ``loaded_at``."""
     jobs, schedules = [], []
     for view in views:
         job = build_task_job(view)
         jobs.append(job)
-        schedules.append(build_task_schedule(view, job, hooks))
+        schedules.append(build_task_schedule(view, job, hooks, loaded_at=loaded_at))
     return jobs, schedules

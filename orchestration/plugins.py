@@ -38,7 +38,8 @@ from orchestration.services.runtime import TaskRun
 from orchestration.services.task_plugins import PluginTask
 from orchestration.task_asset import task_asset
 from resources.core.due import format_due
-from resources.core.registry import PARTITIONS_DAILY, Cron, EverySlots, NthSlotOfDay, TaskSpec
+from resources.core.plans import Cron, EverySlots, NthSlotOfDay
+from resources.core.registry import PARTITIONS_DAILY, TaskSpec
 
 __all__ = [
     "AFTER_TASK_CREATE",

@@ -4,15 +4,17 @@ A task body is a generator of its materialization that gets the run it claimed::
 
     @task_asset("order_cleanup", group_name="hosting_automation", description="...")
     def order_cleanup(context, run: TaskRun, config: OrderCleanupConfig, source: SourceStore):
-        ...  # only runs when run.claimed: the entry is this run's
+        ...  # runs only once the run has claimed its entry
         yield dg.MaterializeResult(metadata={...})
 
-The factory writes what every task asset shares, once: the asset's name and its Dagster
-concurrency pool are the task key (DESIGN: overlap), the ``ledger`` resource is always
+The factory writes what every task asset shares, once: the asset's name is the task key, and
+so is its Dagster concurrency pool when the task's overlap policy is ``queue`` (DESIGN:
+overlap; the other policies are the ledger's, at claim), the ``ledger`` resource is always
 required, the spec comes from the registered tasks (core and allowed plugin tasks,
 ``orchestration.services.task_plugins.registered_tasks``), and the body runs inside
-``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run yields nothing
-(``output_required=False``) and logs why. Every other parameter of the body (config,
+``orchestration.services.runtime.task_run`` -- a refused (late or duplicate) run never reaches
+the body: it ends CANCELED saying why (``output_required=False``: a run that does nothing
+materializes nothing). Every other parameter of the body (config,
 resources such as ``source`` or ``rules``) is Dagster's, exactly as on ``@dg.asset``; a
 body may also take ``ledger`` and ``hooks`` (the code location's plugin hooks).
 
@@ -32,9 +34,10 @@ from typing import Any
 import dagster as dg
 
 from orchestration.services.hooks import Hooks
-from orchestration.services.runtime import TaskRun, task_run
+from orchestration.services.runtime import SecondWorkerOfRun, TaskRun, task_run
 from orchestration.services.task_plugins import registered_tasks
-from resources.core.registry import require_task
+from resources.core.policies import uses_task_pool
+from resources.core.registry import find_task, require_task
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.
@@ -64,21 +67,27 @@ class TaskAsset:
             context: dg.AssetExecutionContext, ledger: RunLedger, **params: Any
         ) -> Iterator[Any]:
             spec = require_task(registered_tasks(), task_key)
-            with task_run(context, ledger, spec, hooks=hooks) as run:
-                if not run.claimed:
-                    return
-                if wants_ledger:
-                    params[_LEDGER] = ledger
-                if wants_hooks:
-                    params[_HOOKS] = hooks
-                yield from body(context, run, **params)
+            try:
+                with task_run(context, ledger, spec, hooks=hooks) as run:
+                    if wants_ledger:
+                        params[_LEDGER] = ledger
+                    if wants_hooks:
+                        params[_HOOKS] = hooks
+                    yield from body(context, run, **params)
+            except SecondWorkerOfRun:
+                return  # the run's other process holds the claim and does the work
 
         # Dagster reads resources and config off the signature: the body's, less what the
         # factory supplies, plus the ledger every task run claims against.
         compute.__signature__ = signature  # type: ignore[attr-defined]
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             setattr(compute, attr, getattr(body, attr, None))
-        return dg.asset(name=task_key, pool=task_key, output_required=False, **self.asset_kwargs)(
+        # DESIGN overlap: a ``queue`` task's asset sits in a pool named after the task (one
+        # slot: later runs wait in the run queue); under skip, buffer_one and replace a second
+        # run must start to be decided by the ledger, and ``allow`` runs side by side.
+        declared = find_task(registered_tasks(), task_key)
+        pool = task_key if declared is None or uses_task_pool(declared.overlap_policy) else None
+        return dg.asset(name=task_key, pool=pool, output_required=False, **self.asset_kwargs)(
             compute
         )
 

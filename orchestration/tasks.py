@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from resources.core.registry import PARTITIONS_DAILY, Cron, EverySlots, TaskSpec
+from resources.core.plans import Cron, EverySlots
+from resources.core.registry import PARTITIONS_DAILY, TaskSpec
 
 TASKS: tuple[TaskSpec, ...] = (
     TaskSpec(

@@ -2,7 +2,8 @@
 
 A channel sends one :class:`AlertMessage` and raises :class:`ChannelError` when the channel
 did not take it (server down, refused, timed out); the error text is stored on the delivery
-record, so it never carries a secret (the webhook URL's path and query, the SMTP password).
+record, so it never carries a secret (the webhook URL's user info, path and query, the SMTP
+password) nor an escape sequence from a server's answer.
 Which alerts are sent, once, and when they are retried is decided by
 ``orchestration/services/alerts.py`` over the ledger's delivery records
 (``resources/ledger/deliveries.py``); tests pass a fake channel.
@@ -11,6 +12,7 @@ Which alerts are sent, once, and when they are retried is decided by
   ``urllib``: one request per alert, nothing a library would add here), either the alert as
   JSON (``{"alert", "subject", "delivery_id", "attempt", "fields"}``) or a Slack-compatible
   incoming-webhook body (``{"text": ...}``). A 2xx answer is delivered, anything else fails.
+  User info in the URL (``https://user:pw@host/...``) is sent as HTTP Basic authentication.
 - :class:`EmailChannel`: one mail to every recipient through the SMTP code of
   ``resources/notifier.py`` (:meth:`SmtpNotifier.open_session`), with a stable
   ``Message-ID`` per delivery so a receiving system can drop a resend.
@@ -34,8 +36,8 @@ from resources.core.alerting import (
     AlertSettings,
     EmailSettings,
     WebhookSettings,
-    mask_webhook_url,
 )
+from resources.core.text import clean_text
 from resources.notifier import SmtpNotifier, SmtpSessionError
 
 #: Characters of a webhook's error answer kept in the error text.
@@ -130,17 +132,31 @@ class WebhookChannel:
         return message.as_json()
 
     def send(self, message: AlertMessage) -> str | None:
+        try:
+            return self._post(message)
+        except ChannelError as exc:
+            raise ChannelError(self.settings.scrub(str(exc))) from None
+        except Exception as exc:  # whatever urllib raises, its text may quote the URL
+            raise ChannelError(
+                self.settings.scrub(
+                    f"webhook {self.settings.masked_url} failed: {type(exc).__name__}: {exc}"
+                )
+            ) from None
+
+    def _post(self, message: AlertMessage) -> str | None:
         data = json.dumps(self.body(message), default=str).encode("utf-8")
-        request = urllib.request.Request(
-            self.settings.url,
-            data=data,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "User-Agent": "dueledger-alerts",
-                "X-Dueledger-Delivery": str(message.delivery_id),
-            },
-        )
+        target = self.settings.target
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "dueledger-alerts",
+            "X-Dueledger-Delivery": str(message.delivery_id),
+        }
+        request = urllib.request.Request(target.endpoint, data=data, method="POST", headers=headers)
+        if target.authorization is not None:
+            # The URL's user info (https://user:pw@host/...), as HTTP Basic authentication
+            # (urllib would take it for part of the host name); unredirected: a redirect to
+            # another host must not carry the credentials there.
+            request.add_unredirected_header("Authorization", target.authorization)
         where = self.settings.masked_url
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout_seconds) as answer:
@@ -148,29 +164,27 @@ class WebhookChannel:
         except urllib.error.HTTPError as exc:
             detail = _read_answer(exc)
             raise ChannelError(
-                self._scrub(f"webhook {where} answered HTTP {exc.code} {exc.reason}{detail}")
+                f"webhook {where} answered HTTP {exc.code} {exc.reason}{detail}"
             ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ChannelError(
-                self._scrub(f"webhook {where} unreachable: {type(exc).__name__}: {reason}")
+                f"webhook {where} unreachable: {type(exc).__name__}: {reason}"
             ) from None
         if not 200 <= status < 300:
             raise ChannelError(f"webhook {where} answered HTTP {status}, not 2xx")
         return None
 
-    def _scrub(self, text: str) -> str:
-        """No error text may carry the URL's secret parts."""
-        return text.replace(self.settings.url, mask_webhook_url(self.settings.url))
-
 
 def _read_answer(exc: urllib.error.HTTPError) -> str:
     try:
-        body = exc.read(_ANSWER_CHARS + 1).decode("utf-8", "replace").strip()
+        raw = exc.read(_ANSWER_CHARS + 1).decode("utf-8", "replace")
     except Exception:  # the answer is a detail; its absence is no error of its own
         return ""
     finally:
         exc.close()
+    # A server's page may color itself for a terminal: no escape sequence is stored.
+    body = clean_text(raw).strip()
     if not body:
         return ""
     return f": {body[:_ANSWER_CHARS]}{'...' if len(body) > _ANSWER_CHARS else ''}"

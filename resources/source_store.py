@@ -22,6 +22,8 @@ import sqlalchemy as sa
 from pydantic import PrivateAttr
 
 from resources import idempotency
+from resources.core.errors import InvalidInput
+from resources.core.settings import ENV_SOURCE_URL, mask_url
 from resources.source_schema import (
     SQLITE_BUSY_TIMEOUT_MS,
     chunks,
@@ -121,6 +123,47 @@ def make_engine(url: str) -> sa.Engine:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url)
     sa.event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+class SourceConfigError(InvalidInput):
+    """The source store's URL cannot be used (exit 2): the message names the variable, the
+    URL with its password masked, and the fix."""
+
+
+def open_source_engine(url: str) -> sa.Engine:
+    """:func:`make_engine` for ``DUELEDGER_SOURCE_URL``, connected once: a URL that cannot
+    work -- not a URL, a driver that is not installed, a SQLite path under a file, a server
+    that refuses -- is a :class:`SourceConfigError`, like the ledger's URL, never a raw
+    exception."""
+    where = f"{ENV_SOURCE_URL}={mask_url(url)}"
+    fix = (
+        f"set {ENV_SOURCE_URL} to e.g. sqlite:////var/lib/dueledger/source.sqlite or "
+        f"postgresql+psycopg2://user:password@host:5432/dbname"
+    )
+    try:
+        engine = make_engine(url)
+    except sa.exc.ArgumentError:
+        raise SourceConfigError(f"{where} is not an SQLAlchemy URL; {fix}") from None
+    except (sa.exc.NoSuchModuleError, ImportError) as exc:
+        raise SourceConfigError(
+            f"{where} needs a database driver that is not installed ({type(exc).__name__}: "
+            f"{exc}); {fix}"
+        ) from None
+    except OSError as exc:
+        raise SourceConfigError(
+            f"{where}: cannot create the SQLite file's folder ({exc.strerror or exc}); {fix}"
+        ) from None
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.DBAPIError as exc:
+        engine.dispose()
+        detail = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        raise SourceConfigError(
+            f"cannot use the source database {where}: {detail}; check the URL, that the "
+            f"server runs (or the file's folder is writable) and the credentials"
+        ) from None
     return engine
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # README command #2 (CI runs exactly this, through .ci/run): the whole suite.
 #   ./scripts/test.sh [pytest args...]          e.g. ./scripts/test.sh tests/orchestration -q
-# Bootstraps uv if missing, installs the locked environment, installs the PostgreSQL server
-# and chromium (browser tests) from Debian packages when they are missing and we are root,
+# Bootstraps uv if missing, installs the locked environment, installs the PostgreSQL server,
+# chromium (browser tests), prometheus (promtool, for the alert rules' tests) and iproute2
+# (network-namespace tests) from Debian packages when they are missing and we are root,
 # then runs ruff (lint + format check), mypy and pytest. Every step runs; the exit status
 # is non-zero if any failed.
 set -euo pipefail
@@ -37,6 +38,40 @@ if ! command -v chromium >/dev/null 2>&1; then
   else
     echo "==> warning: chromium not found and not root: the browser tests will fail" \
       "(install chromium, or deselect them with -m 'not browser')" >&2
+  fi
+fi
+
+# The alert rules (deploy/prometheus) are tested with `promtool test rules`; Debian's
+# `prometheus` package ships promtool. Installed without recommends (no node exporter), and
+# without letting the package start its Prometheus service: a server scraping in the
+# background would only compete with the tests for the cores (policy-rc.d 101 = do not start).
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> promtool not found: installing it (apt-get install prometheus)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update </dev/null
+    policy_made=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+      policy_made=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus </dev/null
+    if [ -n "$policy_made" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  else
+    echo "==> warning: promtool not found and not root: tests/deploy/test_monitoring.py will" \
+      "fail (install prometheus, or deselect it)" >&2
+  fi
+fi
+
+# The network-namespace tests (tests/deploy/test_netns_topology.py, marker `cluster`) make
+# their machines with `ip netns` (iproute2), as root. Install it here when missing and root.
+if ! command -v ip >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> ip (iproute2) not found: installing it (apt-get install iproute2)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update </dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2 </dev/null
+  else
+    echo "==> warning: ip (iproute2) not found and not root: the network-namespace tests" \
+      "will fail (run as root, or deselect them with -m 'not cluster')" >&2
   fi
 fi
 

@@ -9,7 +9,9 @@ One module per sensor family; ``SENSORS`` is what the code location registers:
   30 s to 2 minutes;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
 - ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;
-- ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong.
+- ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong;
+- ``ledger_policy_sensor`` (policies.py): paused dues recorded skipped, pause on failure,
+  missed deadlines.
 
 ``SENSORS`` is built from the registry on first access (PEP 562), so importing one sensor
 module — the CLI, a test code location, a run worker — does not build them all.
@@ -23,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from orchestration.catalog import task_views
+from orchestration.services.views import task_views
 from resources.core.instants import utc_now
 from resources.core.registry import CATCH_UP, TaskView
 from sensors.audit import build_catch_up_sensor
 from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor
+from sensors.policies import build_policy_sensor
 from sensors.reclaim import build_reclaim_sensor
 from sensors.redispatch import build_redispatch_sensor
 
@@ -53,6 +56,7 @@ def build_sensors(
         build_outcome_sensor(views, clock=clock),
         build_reclaim_sensor(clock=clock),
         build_slot_health_sensor(views, clock=clock),
+        build_policy_sensor(views, clock=clock),
     ]
     if views:
         sensors.append(

@@ -1,7 +1,9 @@
-"""``ledger_outcome_sensor``: entries follow the task runs Dagster ended FAILURE or CANCELED
-without the run recording its outcome (the service: ``orchestration/services/outcomes.py``;
-the decision: ``resources/core/outcomes.py``). It also creates the task pools that hold one
-run per task (``sensors/pools.py``). Launches nothing.
+"""``ledger_outcome_sensor``: the ledger learns what Dagster knows. Entries follow the task
+runs Dagster ended FAILURE or CANCELED without the run recording its outcome (the service:
+``orchestration/services/outcomes.py``; the decision: ``resources/core/outcomes.py``); each
+task's schedule state is mirrored into the ledger (since when it runs, when it was stopped:
+``orchestration/services/scheduling.py``). It also creates the task pools that hold one run
+per task (``sensors/pools.py``). Launches nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dagster as dg
 
 from orchestration.services.alerts import Alerts
 from orchestration.services.outcomes import alert_of, reconcile_events, settle_abandoned_retries
+from orchestration.services.scheduling import sync_schedules
 from resources.core.alerting import entry_subject
 from resources.core.instants import Clock, utc_now
 from resources.core.registry import TaskView
@@ -33,8 +36,9 @@ def build_outcome_sensor(
         minimum_interval_seconds=minimum_interval_seconds,
         description=(
             "Reconciles ledger entries with task runs that Dagster ended FAILURE or CANCELED "
-            "(killed worker, START_TIMEOUT, launch error, max runtime) and ends entries of "
-            "tasks no longer registered (unsupported_task); never a new run."
+            "(killed worker, START_TIMEOUT, launch error, max runtime), ends entries of "
+            "tasks no longer registered (unsupported_task), and records each task schedule's "
+            "start and stops (pauses); never a new run."
         ),
     )
     def ledger_outcome_sensor(
@@ -42,6 +46,8 @@ def build_outcome_sensor(
     ) -> dg.SensorResult:
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         ensure_task_pools(context.instance, views)
+        # What Dagster knows of the schedules too: since when each runs, and stops (pauses).
+        sync_schedules(context.instance, ledger, views, now, context.log)
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
         )

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from resources.core.policies import uses_task_pool
 from resources.core.registry import TaskView
 
 #: Slots of a task pool when the instance sets no ``concurrency.pools.default_limit``.
@@ -25,7 +26,8 @@ TASK_POOL_SLOTS = 1
 
 
 def ensure_task_pools(instance: dg.DagsterInstance, views: Sequence[TaskView]) -> list[str]:
-    """Create the pool of every task that has none yet; returns the pools created.
+    """Create the pool of every ``queue`` task that has none yet; returns the pools created
+    (tasks under another overlap policy have no pool: the ledger decides at claim).
 
     A pool that exists is left as it is (an operator's `dagster instance concurrency set`
     wins). A new one gets the instance's default limit, or TASK_POOL_SLOTS without one.
@@ -35,7 +37,8 @@ def ensure_task_pools(instance: dg.DagsterInstance, views: Sequence[TaskView]) -
         return []
     existing = storage.get_concurrency_keys()
     created = []
-    for pool in sorted({v.spec.key for v in views} - existing):
+    pooled = {v.spec.key for v in views if uses_task_pool(v.spec.overlap_policy)}
+    for pool in sorted(pooled - existing):
         if instance.global_op_concurrency_default_limit:
             storage.initialize_concurrency_limit_to_default(pool)
         else:

@@ -2,7 +2,7 @@
 
 - :class:`WebhookSink`: an HTTP server (``http.server``) on 127.0.0.1 in a thread; keeps every
   POST (path, headers, JSON body); answers ``status`` (set it to 500 for a channel that is
-  down but listening).
+  down but listening) with the body ``answer`` when it is not 200.
 - :class:`SmtpSink`: a minimal SMTP server on 127.0.0.1 in a thread; keeps every message;
   refuses the recipients in ``refuse``.
 - ``start(sink)`` serves a sink until the context ends; pass ``port`` to a sink to bring it
@@ -47,6 +47,8 @@ class WebhookSink(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _WebhookHandler)
         self.received: list[Post] = []
         self.status = 200
+        #: The body of a non-200 answer.
+        self.answer = b"upstream exploded"
         self.lock = threading.Lock()
 
     @property
@@ -72,7 +74,7 @@ class _WebhookHandler(BaseHTTPRequestHandler):
         headers["x-answered"] = str(status)
         with self.server.lock:
             self.server.received.append(Post(self.path, headers, json.loads(raw or b"null")))
-        answer = b"ok" if status == 200 else b"upstream exploded"
+        answer = b"ok" if status == 200 else self.server.answer
         self.send_response(status)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()

@@ -8,7 +8,8 @@ Fixtures:
 - ``ledger``: a migrated ``RunLedger`` on ``ledger_url`` that checks nothing was deleted;
   ``sqlite_ledger``; ``ledger_in_environment`` (also named by ``DUELEDGER_DATABASE_URL``).
 - ``dagster_home`` (session, autouse): a temp ``DAGSTER_HOME``; ``DUELEDGER_*`` cleared
-  (``DUELEDGER_SOAK_SEED``, which steers the soak, is kept).
+  (``DUELEDGER_SOAK_SEED``, ``DUELEDGER_HISTORY_*`` and ``DUELEDGER_CLUSTER_*``, which steer
+  the soak, the fault harness and the cluster tests, are kept).
 """
 
 from __future__ import annotations
@@ -47,7 +48,18 @@ _SAVED_ENV: dict[str, str] = {}
 
 
 #: Variables that steer a test, not dueledger: kept through the isolation.
-_TEST_CONTROLS = frozenset({"DUELEDGER_SOAK_SEED"})
+_TEST_CONTROLS = frozenset(
+    {
+        "DUELEDGER_SOAK_SEED",
+        "DUELEDGER_SCREENSHOTS",
+        "DUELEDGER_HISTORY_SEED",
+        "DUELEDGER_HISTORY_DUES",
+        "DUELEDGER_CLUSTER_SEED",
+        "DUELEDGER_CLUSTER_TASKS",
+        "DUELEDGER_CLUSTER_SLOTS",
+        "DUELEDGER_DST_EXAMPLES",
+    }
+)
 
 
 def _apply_isolated_env() -> None:

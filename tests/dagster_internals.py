@@ -654,3 +654,45 @@ def schedule_start_times(instance: DagsterInstance) -> dict[str, float]:
         if state.instigator_name in running
         and isinstance(state.instigator_data, ScheduleInstigatorData)
     }
+
+
+def start_schedules(instance: DagsterInstance, target: CodeTarget, names: Collection[str]) -> None:
+    """Start the named schedules of ``target``'s code location, as the UI's toggle does
+    (``instance.start_schedule``: a RUNNING state whose start time is now)."""
+    with daemon_workspace(instance, target) as ctx:
+        request_context = ctx.create_request_context()
+        for entry in request_context.get_code_location_entries().values():
+            location = entry.code_location
+            if location is None:
+                continue
+            for repo in location.get_repositories().values():
+                for schedule in repo.get_schedules():
+                    if schedule.name in names:
+                        instance.start_schedule(schedule)
+
+
+# --- added for issue 24 (overlap policies): a run worker in a thread of the test process ----------
+# Two runs of one task must be at work at once for the ledger to decide their overlap; starting
+# a real run worker process per run costs seconds of CPU each on 2 cores. Dagster's own
+# worker (`dagster api execute_run`) rebuilds the job from the run's code origin and calls
+# ``execute_run``; this does the same in a thread. Private (1.13.27): `recon_job_from_origin`.
+import threading  # noqa: E402
+
+from dagster._core.execution.api import execute_run  # noqa: E402
+from dagster._utils.hosted_user_process import recon_job_from_origin  # noqa: E402
+
+
+def execute_run_in_thread(instance: DagsterInstance, run_id: str) -> threading.Thread:
+    """Execute the existing run ``run_id`` (launched by ``MockedRunLauncher``: STARTING) as its
+    run worker would, in a new daemon thread of this process; join it to wait for the end.
+    Dagster sets up no signal handlers outside the main thread, so the run is ended by its own
+    code (or the ledger), as an in-process executor's step is."""
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.job_code_origin is None:
+        raise ValueError(f"run {run_id} does not exist or has no code origin")
+    job = recon_job_from_origin(run.job_code_origin)
+    thread = threading.Thread(
+        target=execute_run, args=(job, run, instance), name=f"run-{run_id[:8]}", daemon=True
+    )
+    thread.start()
+    return thread

@@ -347,6 +347,29 @@ class PgServer:
         except (OSError, ValueError, TypeError) as exc:
             raise PgServerError(f"no throwaway server state in {path}: {exc}") from exc
 
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server (``pg_ctl restart -m mode``): every connection is cut, and the
+        server is back on the same address and port. The new postmaster starts in the
+        calling thread's network namespace."""
+        _run_as(
+            self.user,
+            [
+                str(Path(self.bindir) / "pg_ctl"),
+                "restart",
+                "-D",
+                str(self.data_dir),
+                "-m",
+                mode,
+                "-l",
+                str(self.log_file),
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+            ],
+            cwd=Path(self.base_dir),
+            timeout=START_TIMEOUT_S + 15,
+        )
+
     def stop(self, remove: bool = True) -> None:
         """Stop (immediate), kill whatever is left of it, and remove base_dir."""
         pid = self.postmaster_pid()
@@ -417,11 +440,15 @@ def start_server(
     base_dir: str | os.PathLike[str] | None = None,
     *,
     install: bool = True,
+    listen_address: str = "127.0.0.1",
+    trusted_network: str | None = None,
 ) -> PgServer:
     """initdb + start a throwaway server in ``base_dir`` (a new temp dir when None).
 
     ``base_dir`` must not exist or be empty. On failure everything is stopped and
-    removed again and PgServerError is raised with the server log.
+    removed again and PgServerError is raised with the server log. ``listen_address`` and
+    ``trusted_network`` (a CIDR whose clients are trusted too) serve the network-namespace
+    tests, whose server runs on its own address in its own namespace (tests/deploy/netns.py).
     """
     t0 = time.monotonic()
     bindir = ensure_bindir(install=install)
@@ -435,7 +462,7 @@ def start_server(
         base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o700)
     _chown_tree(base, user)
-    server = PgServer(str(base), str(bindir), user, "127.0.0.1", 0)
+    server = PgServer(str(base), str(bindir), user, listen_address, 0)
     try:
         if user is not None:
             probe = _run_as(
@@ -465,10 +492,12 @@ def start_server(
             ],
             cwd=base,
         )
-        (server.data_dir / "pg_hba.conf").write_text(HBA)
+        hba = HBA + (f"host    all   all   {trusted_network}  trust\n" if trusted_network else "")
+        (server.data_dir / "pg_hba.conf").write_text(hba)
+        settings = {**SERVER_SETTINGS, "listen_addresses": f"'{listen_address}'"}
         with (server.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# dueledger throwaway test server\n")
-            for key, value in SERVER_SETTINGS.items():
+            for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
             conf.write("include_if_exists = 'dueledger_port.conf'\n")
         _chown_tree(server.data_dir, user)

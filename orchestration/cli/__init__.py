@@ -10,9 +10,17 @@ from __future__ import annotations
 import click
 
 from orchestration.cli.alerts import alerts_cmd
+from orchestration.cli.guard import (
+    ACTION_SAMPLE_DATA,
+    ACTION_SAMPLE_DATA_REPLACE,
+    require_command_role,
+)
 from orchestration.cli.hooks import hooks_cmd
+from orchestration.cli.metrics import metrics_group
 from orchestration.cli.ops import liveness_cmd, reclaim_cmd
-from orchestration.cli.runs import runs_group, summary_cmd
+from orchestration.cli.runs import runs_group
+from orchestration.cli.scheduling import catch_up_cmd, dues_cmd, pause_cmd, resume_cmd
+from orchestration.cli.summary import summary_cmd
 from orchestration.cli.support import (
     dagster_instance,
     handle_errors,
@@ -25,6 +33,8 @@ from orchestration.cli.support import (
     today_utc,
 )
 from resources.core.errors import InvalidInput, Refused
+from resources.core.instants import iso
+from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER
 from resources.core.settings import load_settings, mask_url
 
 
@@ -52,13 +62,14 @@ def main() -> None:
 @handle_errors
 def tasks_cmd(as_json: bool) -> None:
     """List registered tasks (core and allowed plugin tasks) with declared and effective
-    cadence and where each comes from; plugin tasks not allowed and plugin load errors are
-    listed after the table (and by `dueledger hooks --json`)."""
+    cadence, their policies, who paused a task since when and why, and where each comes
+    from; plugin tasks not allowed and plugin load errors are listed after the table (with
+    --json: on stderr; `dueledger hooks --json` has them)."""
     import warnings
 
-    # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catalog import task_views
+    # Imported when this command runs, so the other commands do not load them.
     from orchestration.services.task_plugins import task_registry
+    from orchestration.services.views import task_views
 
     settings = load_settings()
     # Load errors are printed below; their log lines would only repeat them on stderr.
@@ -68,8 +79,30 @@ def tasks_cmd(as_json: bool) -> None:
         warnings.simplefilter("ignore", UserWarning)
         views = task_views(settings)
     rows = [v.as_json() for v in views]
+    # Who paused which task, since when and why (`dueledger pause`, the UI's schedule toggle,
+    # a pause after failures): the ledger's open pauses.
+    paused: dict[str, list[dict[str, object]]] = {}
+    for pause in open_ledger(settings).open_pauses():
+        paused.setdefault(pause.task_key, []).append(
+            {
+                "by": pause.by,
+                "since": iso(pause.start),
+                "reason": pause.reason,
+                "source": pause.source,
+            }
+        )
+    for row in rows:
+        row["paused"] = paused.get(str(row["key"]), [])
+    # Not registered, so not rows of the list (the contract: the registered tasks); said on
+    # stderr under --json, and machine-readable in `dueledger hooks --json` (task_plugins).
+    notes = [f"not allowed: {registry.why_unregistered(f.spec.key)}" for f in registry.not_allowed]
+    for problem in registry.load_errors:
+        target = f" ({problem.target})" if problem.target else ""
+        notes.append(f"plugin load error: {problem.source} {problem.name}{target}: {problem.error}")
     if as_json:
         print_json(rows)
+        for note in notes:
+            click.echo(note, err=True)
         return
     click.echo(
         table(
@@ -92,11 +125,13 @@ def tasks_cmd(as_json: bool) -> None:
     for row in rows:
         for note in row["warnings"]:  # type: ignore[attr-defined]
             click.echo(f"warning: {note}")
-    for found in registry.not_allowed:
-        click.echo(f"not allowed: {registry.why_unregistered(found.spec.key)}")
-    for problem in registry.load_errors:
-        target = f" ({problem.target})" if problem.target else ""
-        click.echo(f"plugin load error: {problem.source} {problem.name}{target}: {problem.error}")
+        for pause in row["paused"]:  # type: ignore[attr-defined]
+            click.echo(
+                f"paused: {row['key']} by {pause['by']} since {pause['since']} "
+                f"({pause['source']}): {pause['reason']}"
+            )
+    for note in notes:
+        click.echo(note)
 
 
 @main.command("launch")
@@ -108,12 +143,20 @@ def tasks_cmd(as_json: bool) -> None:
 )
 @click.option("--reason", required=True, help="Why the run is launched.")
 @click.option("--request-id", default=None, help="Idempotency key (default: a new UUID).")
+@click.option(
+    "--queue",
+    "queue",
+    is_flag=True,
+    help="Under overlap skip or buffer_one, wait for a running run of the task to end "
+    "instead of being refused (exit 3).",
+)
 @json_option
 @handle_errors
 def launch_cmd(
-    task: str, operator: str, reason: str, request_id: str | None, as_json: bool
+    task: str, operator: str, reason: str, request_id: str | None, queue: bool, as_json: bool
 ) -> None:
-    """Launch TASK now, in the manual namespace (never swallowed by a scheduled due)."""
+    """Launch TASK now, in the manual namespace (never swallowed by a scheduled due). Under
+    overlap skip a launch that finds the task running is refused naming the running entry."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import acting_operator, load_operators, require_role
     from orchestration.services.hooks import Hooks
@@ -143,6 +186,7 @@ def launch_cmd(
         ledger=ledger,
         # This process's plugin listeners, loaded for this one launch.
         hooks=Hooks.from_environment(),
+        queue=queue,
     )
     if as_json:
         print_json(result.as_json())
@@ -199,7 +243,7 @@ def sample_data_cmd(
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
     from resources.sample_data import ReplaceRefused, StoreNotEmpty, generate_sample_data
-    from resources.source_store import make_engine
+    from resources.source_store import open_source_engine
 
     settings = local_settings()
     anchor = parse_instant(as_of, "--as-of") if as_of else today_utc()
@@ -208,7 +252,17 @@ def sample_data_cmd(
             "--yes-delete-everything only applies to --replace; add --replace to delete the "
             "store's data and generate it anew, or drop --yes-delete-everything"
         )
-    engine = make_engine(settings.source_url)
+    engine = open_source_engine(settings.source_url)  # a URL that cannot work: exit 2
+    # With an allow-list: writing data needs `retrier`, deleting it (--replace) `admin`.
+    try:
+        grant = require_command_role(
+            settings,
+            ACTION_SAMPLE_DATA_REPLACE if replace else ACTION_SAMPLE_DATA,
+            ROLE_ADMIN if replace else ROLE_RETRIER,
+        )
+    except BaseException:
+        engine.dispose()
+        raise
     try:
         counts = generate_sample_data(
             engine,
@@ -227,6 +281,7 @@ def sample_data_cmd(
     finally:
         engine.dispose()
     where = mask_url(settings.source_url)  # never print the store's password
+    grant.audit(f"sample data as of {anchor.isoformat()} in {where}: {counts}")
     if as_json:
         print_json({"source_url": where, "as_of": anchor.isoformat(), **counts})
         return
@@ -243,3 +298,8 @@ main.add_command(liveness_cmd)
 main.add_command(hooks_cmd)
 # `alerts` (alert channels and deliveries) lives in orchestration/cli/alerts.py.
 main.add_command(alerts_cmd)
+# `metrics serve|write` (Prometheus metrics from the ledger) lives in orchestration/cli/metrics.py.
+main.add_command(metrics_group)
+# `dues`, `pause`, `resume`, `catch-up` (a task's schedule, steered) live in cli/scheduling.py.
+for _command in (dues_cmd, pause_cmd, resume_cmd, catch_up_cmd):
+    main.add_command(_command)

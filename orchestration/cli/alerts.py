@@ -7,13 +7,19 @@ or the file's key; a viewer command like ``runs list`` (``--operator``, roles).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Final
 
 import click
 
 from orchestration.cli.runs import parse_limit, viewer_gate
 from orchestration.cli.support import handle_errors, json_option, print_json, table
-from resources.core.alerting import ALERT_KINDS, DELIVERY_STATUSES, load_alert_settings
+from resources.core.alerting import (
+    ALERT_KINDS,
+    CHANNEL_WEBHOOK,
+    DELIVERY_STATUSES,
+    load_alert_settings,
+)
 from resources.core.errors import InvalidInput
 
 ACTION_ALERTS: Final = "alerts"
@@ -75,6 +81,15 @@ def alerts_cmd(
     settings = load_alert_settings()  # a bad configuration: exit 2 naming it
     ledger = viewer_gate(operator, ACTION_ALERTS)
     records = ledger.list_alert_deliveries(statuses=statuses, kind=only_kind, limit=count)
+    if settings.webhook is not None:
+        # Errors are scrubbed when stored; a row stored by an older version is scrubbed here.
+        webhook = settings.webhook
+        records = [
+            replace(r, last_error=webhook.scrub(r.last_error))
+            if r.channel == CHANNEL_WEBHOOK and r.last_error
+            else r
+            for r in records
+        ]
     counts = ledger.alert_delivery_counts()
     if as_json:
         print_json(

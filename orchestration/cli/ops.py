@@ -4,9 +4,11 @@
   daemon (or to act now): expired leases -> ``failed`` / ``lease_reclaimed``, stranded
   launches -> ``dispatch_failed``; one structured alert line per entry, delivered to the
   configured alert channels once, and the due alert deliveries retried; never a new run.
+  With an operators allow-list it needs the ``retrier`` role (orchestration/cli/guard.py).
 - ``liveness [--max-age-seconds N] [--alert]``: exit 0 when the daemon's scheduler heartbeat
   and the latest slot evaluation are fresh, 1 when either is stale (named), for system cron
-  or a Kubernetes probe; ``--alert`` also delivers a ``liveness`` alert per stale check.
+  or a Kubernetes probe; ``--alert`` also delivers a ``liveness`` alert per stale check
+  (with an operators allow-list: the ``retrier`` role).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from orchestration.cli.guard import ACTION_LIVENESS_ALERT, ACTION_RECLAIM, require_command_role
 from orchestration.cli.support import (
     dagster_instance,
     handle_errors,
@@ -29,6 +32,7 @@ from orchestration.cli.support import (
 from resources.core.alerting import DELIVERY_DELIVERED
 from resources.core.errors import InvalidInput
 from resources.core.instants import iso
+from resources.core.operators import ROLE_RETRIER
 
 if TYPE_CHECKING:
     from resources.ledger import DeliveryRecord
@@ -48,7 +52,14 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
 
     # A bad alert configuration is exit 2 before anything is changed.
     alert_settings = None if dry_run else load_alert_settings()
-    ledger = open_ledger(local_settings())
+    settings = local_settings()
+    ledger = open_ledger(settings)
+    # With an allow-list, reclaiming needs the retrier role (exit 3, audited).
+    grant = (
+        None
+        if dry_run
+        else require_command_role(settings, ACTION_RECLAIM, ROLE_RETRIER, ledger=ledger)
+    )
     now = datetime.now(UTC)
     reclaims = reclaim_leases(ledger, now, dry_run=dry_run)
     with dagster_instance() as instance:
@@ -63,6 +74,12 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
         for swept in stranded:
             alerts.record(strand.ALERT_KIND, entry_subject(swept.entry.id), swept.as_json())
         attempts = alerts.deliver(retry=True)
+    if grant is not None:
+        grant.audit(
+            f"reclaimed {len(reclaims)} expired lease(s) "
+            f"{sorted(r.entry_id for r in reclaims)}, recorded {len(stranded)} stranded "
+            f"launch(es) {sorted(s.entry.id for s in stranded)} as dispatch_failed"
+        )
     if as_json:
         print_json(
             {
@@ -149,9 +166,9 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catalog import task_views
     from orchestration.services.alerts import Alerts
     from orchestration.services.liveness import check_liveness
+    from orchestration.services.views import task_views
     from resources.core.alerting import (
         ENV_ALERTS_FILE,
         ENV_EMAIL_TO,
@@ -169,6 +186,8 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
             f"the SMTP settings), or name a file in {ENV_ALERTS_FILE}; see docs/operations.md"
         )
     settings = local_settings()
+    # With an allow-list, delivering alerts needs the retrier role (exit 3, audited).
+    grant = require_command_role(settings, ACTION_LIVENESS_ALERT, ROLE_RETRIER) if alert else None
     with warnings.catch_warnings():
         # Cadence warnings belong to `dueledger tasks`; a probe's stderr names staleness only.
         warnings.simplefilter("ignore", UserWarning)
@@ -187,6 +206,8 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
                 fields = {**check.as_json(), "max_age_seconds": int(max_age.total_seconds())}
                 alerts.record(KIND_LIVENESS, check_subject(check.name, check.observed_at), fields)
         attempts = alerts.deliver(retry=True)
+    if grant is not None:
+        grant.audit(f"liveness alert: stale checks {list(report.stale)}")
     if as_json:
         data = report.as_json()
         if alert:

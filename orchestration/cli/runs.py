@@ -11,7 +11,6 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -39,8 +38,8 @@ from resources.core.operators import (
     check_operator_name,
     operators_from_env,
 )
-from resources.core.settings import ENV_IDENTITY, load_settings
-from resources.ledger import DEFAULT_LIST_LIMIT, Entry, RunLedger
+from resources.core.settings import ENV_IDENTITY
+from resources.ledger import DEFAULT_LIST_LIMIT, Entry, Ledger
 
 MAX_LIST_LIMIT: Final = 500
 MAX_CURSOR_CHARS: Final = 200
@@ -151,7 +150,7 @@ def caller_identity() -> str:
     for its users, e.g. a chat bot or a job runner), else the OS login name."""
     named = os.environ.get(ENV_IDENTITY, "").strip()
     if named:
-        return _operator(named)
+        return _operator(named, ENV_IDENTITY)  # a bad name is reported as the variable's
     try:
         return _operator(getpass.getuser())
     except (InvalidInput, OSError, KeyError):
@@ -166,7 +165,7 @@ def viewer_name(operator: str | None) -> str:
 
 
 def acting_operator(
-    ledger: RunLedger,
+    ledger: Ledger,
     operators: Operators,
     given: str | None,
     *,
@@ -221,9 +220,9 @@ def _identity_source() -> str:
     return f"from {ENV_IDENTITY}" if os.environ.get(ENV_IDENTITY, "").strip() else "OS login"
 
 
-def _operator(name: str) -> str:
+def _operator(name: str, what: str = "--operator") -> str:
     try:
-        return check_operator_name(name)
+        return check_operator_name(name, what)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -233,7 +232,7 @@ def load_operators() -> Operators:
 
 
 def require_role(
-    ledger: RunLedger,
+    ledger: Ledger,
     operators: Operators,
     operator: str,
     role: str,
@@ -253,7 +252,7 @@ def require_role(
         )
 
 
-def viewer_gate(operator: str | None, action: str, entry_id: int | None = None) -> RunLedger:
+def viewer_gate(operator: str | None, action: str, entry_id: int | None = None) -> Ledger:
     """Settings, ledger, identity and the viewer check shared by the read-only commands."""
     if operator is not None:
         _operator(operator)  # a malformed name is exit 2 before anything is read
@@ -520,31 +519,3 @@ def retry_cmd(
         f"run {result.run_id} ({how}, {result.run_status}); audit record "
         f"{result.record.audit_id}"
     )
-
-
-@click.command("summary")
-@click.option("--operator", default=None, help="Who is looking (default: your login name).")
-@json_option
-@handle_errors
-def summary_cmd(operator: str | None, as_json: bool) -> None:
-    """Ledger health: what runs now, what is stale, what happened in the last 24 hours."""
-
-    # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catalog import task_views
-    from orchestration.services.summary import TASK_COLUMNS, ledger_summary
-
-    ledger = viewer_gate(operator, ACTION_SUMMARY)
-    # The same computation as the ledger_health asset: ledger counts + the gap audit.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # cadence warnings: see `tasks`
-        views = task_views(load_settings())
-    with dagster_instance() as instance:
-        data = ledger_summary(ledger, views, datetime.now(UTC), instance=instance)
-    if as_json:
-        print_json(data)
-        return
-    totals = {k: v for k, v in data.items() if k not in ("tasks", "notes")}
-    click.echo("  ".join(f"{k}={v}" for k, v in totals.items()))
-    click.echo(table(data["tasks"], TASK_COLUMNS))
-    for key, note in data["notes"].items():
-        click.echo(f"note ({key}): {note}")

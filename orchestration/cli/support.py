@@ -25,7 +25,7 @@ from resources.core.settings import PROJECT_ROOT, Settings, SettingsError, load_
 if TYPE_CHECKING:
     import dagster as dg
 
-    from resources.ledger import RunLedger
+    from resources.ledger import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,11 +114,11 @@ def dagster_instance() -> dg.DagsterInstance:
     return instance
 
 
-def open_ledger(settings: Settings) -> RunLedger:
+def open_ledger(settings: Settings) -> Ledger:
     # Imported when this command runs, so the other commands do not load it.
-    from resources.ledger import RunLedger
+    from resources.ledger import Ledger
 
-    ledger = RunLedger(database_url=settings.ledger_url)
+    ledger = Ledger.open(settings.ledger_url)
     # Not set up by Dagster here: the CLI process migrates the ledger on its first use.
     ledger.ensure_migrated()
     return ledger
@@ -136,16 +136,20 @@ _LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 def parse_instant(text: str, option: str) -> datetime:
     """ISO-8601 → aware UTC datetime; anything else is invalid input naming the option."""
+    out_of_range = InvalidInput(
+        f"{option} {text!r} is out of range: give a time between "
+        f"{_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (UTC)"
+    )
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (ValueError, OverflowError):
+    except ValueError:
         raise InvalidInput(
             f"{option} {text!r} is not an ISO-8601 time (e.g. 2026-11-30T22:45:00Z)"
         ) from None
+    try:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 moved past the calendar by its offset
+        raise out_of_range from None
     if not _EARLIEST <= value <= _LATEST:
-        raise InvalidInput(
-            f"{option} {text!r} is out of range: give a time between "
-            f"{_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (UTC)"
-        )
+        raise out_of_range
     return value

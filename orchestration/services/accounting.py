@@ -6,23 +6,31 @@ succeeded. It is accounted for when its entry is ``success`` (or a manual retry 
 succeeded), or while its run is still at work with a live lease. Otherwise the check fails
 and says why: no run was created (a missed due), the run failed before claiming
 (``dispatch_failed``), the entry failed, its lease expired, or its run is still waiting in
-Dagster's queue after its slot. Read-only: nothing is launched or changed.
+Dagster's queue after its slot. A due skipped for a pause passes saying so; one skipped by the
+overlap policy is a warning naming the entry that was running. A task with a ``deadline``
+fails on its newest due whose deadline passed without success, naming the entry. Read-only:
+nothing is launched or changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 import dagster as dg
 
 from orchestration.services.audit import expected_dues
+from orchestration.services.policies import deadline_misses
+from orchestration.services.scheduling import scheduling_of
 from orchestration.services.summary import first_line
 from resources.core import tags as t
+from resources.core.deadlines import DeadlineMiss
 from resources.core.due import Due, floor_to_slot
+from resources.core.dues import DueVerdict, due_verdict, skipped_for_pause
+from resources.core.plans import plan_dues
 from resources.core.registry import TaskView
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger, format_duration
 
 CHECK_NAME: Final = "latest_due_accounted_for"
 #: How far back the latest due is looked for: twice the task's cadence, at most 8 days.
@@ -30,6 +38,7 @@ _MAX_LOOKBACK: Final = timedelta(days=8)
 
 STATE_NO_DUE: Final = "no_due_yet"
 STATE_NEW: Final = "not_running_here_yet"
+STATE_PAUSED: Final = "paused"
 STATE_SUCCESS: Final = "success"
 STATE_RUNNING: Final = "running"
 STATE_MISSED: Final = "missed"
@@ -37,6 +46,8 @@ STATE_QUEUED: Final = "queued_after_its_slot"
 STATE_FAILED: Final = "failed"
 STATE_DISPATCH_FAILED: Final = "dispatch_failed"
 STATE_STALE_LEASE: Final = "stale_lease"
+STATE_SKIPPED: Final = "skipped"
+STATE_DEADLINE_MISSED: Final = "deadline_missed"
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,34 @@ def latest_finished_due(view: TaskView, now: datetime) -> Due | None:
     return Due(dues[-1]) if dues else None
 
 
-def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
+_RETRY: Final = "`dueledger runs retry {id} --operator NAME --reason TEXT{ack}`"
+_ACK: Final = " --acknowledge-side-effects"
+
+
+def next_step(state: str, task_key: str, entry: Entry | None) -> str:
+    """What an operator runs next for a due in ``state`` (issue 27: the check says it)."""
+    show = f"`dueledger runs show {entry.id}`" if entry is not None else ""
+    if entry is not None and state in (STATE_FAILED, STATE_DISPATCH_FAILED):
+        # Rule 4: a lease_reclaimed or dispatch_failed entry may have done its side effects.
+        risky = entry.status == t.STATUS_DISPATCH_FAILED or (
+            entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        )
+        return f"{show}, then once: " + _RETRY.format(id=entry.id, ack=_ACK if risky else "")
+    if state == STATE_STALE_LEASE and entry is not None:
+        return f"`dueledger reclaim` (fails it, lease_reclaimed), then {show}"
+    if state == STATE_MISSED:
+        return (
+            f"`dueledger summary` (missed_dues); to run the task now: `dueledger launch "
+            f"{task_key} --operator NAME --reason TEXT`"
+        )
+    if state in (STATE_SUCCESS, STATE_RUNNING, STATE_DISPATCH_FAILED, STATE_SKIPPED):
+        return show or "`dueledger summary`"
+    if state == STATE_DEADLINE_MISSED:
+        return show or f"`dueledger dues {task_key}`; `dueledger catch-up {task_key} ...`"
+    return ""
+
+
+def _retried_success(ledger: Ledger, entry: Entry) -> Entry | None:
     """A manual retry of ``entry`` (or of its retries) that succeeded."""
     pending = [entry]
     while pending:
@@ -83,30 +121,78 @@ def _retried_success(ledger: RunLedger, entry: Entry) -> Entry | None:
 
 def account_latest_due(
     view: TaskView,
-    ledger: RunLedger,
+    ledger: Ledger,
     now: datetime,
     *,
     instance: dg.DagsterInstance | None = None,
 ) -> DueAccount:
-    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``."""
+    """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``. A paused
+    task whose due passes says so: who paused it, since when, and its latest skipped due."""
+    account = _account(view, ledger, now, instance)
+    pauses = ledger.open_pauses(view.spec.key) if account.passed else []
+    if not pauses:
+        return account
+    pause = pauses[0]
+    detail = f"{view.spec.key} is {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ})"
+    skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(t.STATUS_SKIPPED,))
+    due, entry_id = account.due, account.entry_id
+    if skipped:
+        last = skipped[0]
+        detail += f"; its latest due, entry {last.id} ({last.label}), was skipped ({last.error})"
+        entry_id = last.id
+        due = Due.coerce(last.due) if last.due is not None else due
+    detail += f"; {account.detail}; next: `dueledger resume {view.spec.key} --reason TEXT`"
+    return replace(account, due=due, state=STATE_PAUSED, detail=detail, entry_id=entry_id)
+
+
+def _account(
+    view: TaskView, ledger: Ledger, now: datetime, instance: dg.DagsterInstance | None
+) -> DueAccount:
     spec = view.spec
     due = latest_finished_due(view, now)
 
     def answer(state: str, passed: bool, detail: str, entry: Entry | None = None, **kw: Any):
         entry_id = entry.id if entry is not None else None
+        step = next_step(state, spec.key, entry)
+        detail = f"{detail}; next: {step}" if step else detail
         return DueAccount(spec.key, spec.asset, due, state, passed, detail, entry_id, **kw)
 
+    missed = _latest_deadline_miss(view, ledger, now)
+    if missed is not None:
+        due = Due(missed.due)
+        return answer(
+            STATE_DEADLINE_MISSED,
+            False,
+            f"due {due} missed its deadline ({format_duration(missed.deadline)} after the due): "
+            f"{missed.why}",
+            missed.entry,
+        )
     if due is None:
         return answer(STATE_NO_DUE, True, "no due of this task has a finished slot yet")
     entry = ledger.find(spec.key, due.key)
     if entry is None:
-        if not _ran_before(view, ledger, instance, due):
-            # A fresh deployment (or a new task): the slot before the first one it saw is
-            # not a missed due, as for the gap audit.
-            return answer(STATE_NEW, True, f"due {due}: no run of this task before it here")
+        # The gap audit's rule (resources/core/dues.py), so the check and `summary` agree:
+        # before the task's schedule first ran here, or paused, is not missed.
+        scheduling = scheduling_of(ledger, view, instance=instance)
+        verdict, why = due_verdict(due.at, scheduling, accounted=False)
+        if verdict is DueVerdict.NOT_EXPECTED:
+            return answer(STATE_NEW, True, f"due {due}: {why}")
+        if verdict is DueVerdict.PAUSED:
+            return answer(STATE_PAUSED, True, f"due {due}: {why}")
         return _without_entry(view, due, instance, answer)
     if entry.status == t.STATUS_SUCCESS:
         return answer(STATE_SUCCESS, True, f"due {due} succeeded (entry {entry.id})", entry)
+    if entry.status == t.STATUS_SKIPPED:
+        # Never a silent green: a pause is on purpose (passes, saying so); an overlap skip means
+        # the task overran its cadence (a warning naming the entry that was running).
+        paused = skipped_for_pause(entry.error)
+        return answer(
+            STATE_PAUSED if paused else STATE_SKIPPED,
+            paused,
+            f"due {due}: entry {entry.id} skipped ({entry.error})",
+            entry,
+            warning=not paused,
+        )
     if entry.status in (t.STATUS_QUEUED, t.STATUS_RETRYING, t.STATUS_RUNNING):
         expires = entry.lease_expires_at
         if entry.status == t.STATUS_RUNNING and expires is not None and expires < now:
@@ -131,27 +217,23 @@ def account_latest_due(
     return answer(
         state,
         False,
-        f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}; "
-        f"`dueledger runs show {entry.id}`",
+        f"due {due}: entry {entry.id} is {entry.status}{kind}: {first_line(entry.error)}",
         entry,
     )
 
 
-def _ran_before(
-    view: TaskView, ledger: RunLedger, instance: dg.DagsterInstance | None, due: Due
-) -> bool:
-    """Whether anything of the task happened here before ``due``: an entry or a tagged run."""
-    page, _ = ledger.list_entries(task_key=view.spec.key, until=due.at, limit=1)
-    if page:
-        return True
-    if instance is None:
-        return False
-    return bool(
-        instance.get_run_records(
-            filters=dg.RunsFilter(tags={t.TAG_TASK: view.spec.key}, created_before=due.at),
-            limit=1,
-        )
-    )
+def _latest_deadline_miss(view: TaskView, ledger: Ledger, now: datetime) -> DeadlineMiss | None:
+    """The newest due whose deadline has passed, when it missed it (None: met, or no
+    deadline): the check fails on it until a later due meets its deadline."""
+    deadline = view.spec.deadline
+    if deadline is None:
+        return None
+    window = timedelta(minutes=2 * view.effective.minutes + view.slot_minutes)
+    judged = plan_dues(view.plan, view.slot_minutes, now - deadline - window, now - deadline)
+    if not judged:
+        return None
+    misses = deadline_misses(ledger, view, now, window=window)
+    return next((m for m in misses if m.due == judged[-1]), None)
 
 
 def _without_entry(view: TaskView, due: Due, instance: dg.DagsterInstance | None, answer: Any):

@@ -42,7 +42,7 @@ from resources.core.alerting import (
     retry_delay,
 )
 from resources.core.instants import iso, utc_now
-from resources.ledger import DeliveryRecord, RunLedger
+from resources.ledger import DeliveryRecord, Ledger
 
 ALERT_LOGGER: Final = logging.getLogger("dueledger.alerts")
 #: Delivery outcomes. Not a child of ``dueledger.alerts``: that logger carries alert lines only.
@@ -73,7 +73,7 @@ class Alerts:
     """Alert lines plus their delivery, for one sensor tick, command or run (see the module
     docstring). ``now`` is the caller's clock: records and backoff are stamped with it."""
 
-    ledger: RunLedger | None
+    ledger: Ledger | None
     channels: Sequence[AlertChannel]
     now: datetime
     log: Any | None = None
@@ -92,7 +92,7 @@ class Alerts:
     @classmethod
     def from_settings(
         cls,
-        ledger: RunLedger | None,
+        ledger: Ledger | None,
         settings: AlertSettings,
         *,
         now: datetime | None = None,
@@ -112,7 +112,7 @@ class Alerts:
     @classmethod
     def from_environment(
         cls,
-        ledger: RunLedger | None,
+        ledger: Ledger | None,
         *,
         now: datetime | None = None,
         log: Any | None = None,
@@ -287,7 +287,7 @@ def _text(exc: BaseException) -> str:
 
 
 def deliver_alert(
-    ledger: RunLedger | None,
+    ledger: Ledger | None,
     log: Any | None,
     kind: str,
     subject: str,

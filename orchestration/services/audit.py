@@ -1,13 +1,16 @@
 """Missed-due audit and catch-up: the dues each task's rule implies, against what happened.
 
-A due is **missed** when its slot has ended and there is neither a ledger entry nor a
-Dagster run for it (daemon down, schedule stopped, a tick that never came). Expected dues
-are computed with the schedule's own decision (``registry.decide_tick`` over the fires of
-the task's cron), so the audit and the schedule cannot disagree.
+A due is **missed** when its slot has ended, there is neither a ledger entry nor a Dagster
+run for it (daemon down, a tick that never came), it is not before the task's schedule first
+ran here, and no pause covers it: one rule, ``resources/core/dues.py: due_verdict``, which
+the asset checks use too. Expected dues are computed with the schedule's own decision
+(``plans.plan_dues``: ``decide_tick`` over the fires of the task's crons), so the audit and
+the schedule cannot disagree.
 
-The audit starts at the task's first recorded activity (ledger entry or Dagster run) when
-that is inside the window: dues from before a task existed are not "missed". A task with
-no recorded activity at all is not audited (``TaskAudit.start`` is None).
+The audit starts when the task's schedule first ran here (``services/scheduling.py``; its
+first recorded activity when no schedule was observed yet), or at the window's start: dues
+from before a deployment or a task existed are not "missed". A task that nothing ran yet is
+not audited (``TaskAudit.start`` is None).
 
 For ``catch_up`` tasks, ``<task>_catch_up_sensor`` launches each missed due inside the
 task's ``catch_up_window`` with ``run_key`` = the due: Dagster's sensor run-key dedup
@@ -19,16 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Final
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final
 
-import dagster as dg
-
+from orchestration.services.scheduling import scheduling_of
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due
-from resources.core.registry import TaskView, decide_tick
-from resources.core.slots import cron_fire_times
-from resources.ledger import RunLedger
+from resources.core.dues import DueVerdict, Scheduling, due_verdict, skipped_for_pause
+from resources.core.plans import plan_dues
+from resources.core.registry import TaskView
+from resources.ledger import Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 DEFAULT_AUDIT_WINDOW: Final = timedelta(hours=24)
 #: Runs one catch-up evaluation may request; the next evaluation continues (oldest first).
@@ -37,25 +43,17 @@ _PAGE: Final = 500
 
 
 def expected_dues(view: TaskView, start: datetime, end: datetime) -> list[datetime]:
-    """The dues the task's schedule requests in ``[start, end)``, oldest first.
-
-    The fires of the schedule's cron from ``start`` to one slot past ``end`` (a due's first
-    fire may lie inside its slot), kept where ``decide_tick`` would launch a run.
-    """
-    slot = timedelta(minutes=view.slot_minutes)
-    dues: list[datetime] = []
-    for fire in cron_fire_times(view.plan.cron, view.plan.timezone, start, end + slot):
-        decision = decide_tick(view.plan, fire, view.slot_minutes)
-        due = decision.due.at
-        kept = decision.skip_reason is None and start <= due < end
-        if kept and (not dues or dues[-1] != due):
-            dues.append(due)
-    return dues
+    """The dues the task's schedule requests in ``[start, end)``, oldest first: its plan's
+    own decision (``resources/core/plans.py: plan_dues``, what every tick decides)."""
+    return plan_dues(view.plan, view.slot_minutes, start, end)
 
 
 @dataclass(frozen=True)
 class TaskAudit:
-    """One task's audit: ``missed`` dues in ``[start, end)`` (``start`` None: not audited)."""
+    """One task's audit over ``[start, end)`` (``start`` None: nothing ran the task here yet,
+    so no due is expected): the dues its rule implies, those ``missed``, and those ``paused``
+    (not run on purpose: inside a pause, or written ``skipped`` for one). Every other due is
+    judged by ``resources/core/dues.py: due_verdict``."""
 
     task_key: str
     policy: str
@@ -63,6 +61,7 @@ class TaskAudit:
     end: datetime
     expected: int
     missed: tuple[datetime, ...]
+    paused: tuple[datetime, ...] = ()
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -72,52 +71,41 @@ class TaskAudit:
             "until": format_due(self.end),
             "expected": self.expected,
             "missed": [format_due(d) for d in self.missed],
+            "paused": [format_due(d) for d in self.paused],
         }
 
 
-@dataclass(frozen=True)
-class _Evidence:
-    dues: set[datetime]
-    earliest: datetime | None
-    older_exists: bool
-
-
-def _ledger_evidence(ledger: RunLedger, task_key: str, since: datetime) -> _Evidence:
+def _ledger_dues(
+    ledger: Ledger, task_key: str, since: datetime
+) -> tuple[set[datetime], set[datetime]]:
+    """The dues of the task's entries created since ``since``, and those of them skipped for
+    a pause (counted as paused: the pause is what the due says)."""
     dues: set[datetime] = set()
-    earliest: datetime | None = None
+    paused: set[datetime] = set()
     cursor: str | None = None
     while True:
         page, cursor = ledger.list_entries(
             task_key=task_key, since=since, limit=_PAGE, cursor=cursor
         )
         for entry in page:
-            if entry.due is not None:
-                dues.add(entry.due)
-            first = entry.due or entry.created_at
-            earliest = first if earliest is None else min(earliest, first)
+            if entry.due is None:
+                continue
+            dues.add(entry.due)
+            if entry.status == t.STATUS_SKIPPED and skipped_for_pause(entry.error):
+                paused.add(entry.due)
         if cursor is None:
-            break
-    older, _ = ledger.list_entries(task_key=task_key, until=since, limit=1)
-    return _Evidence(dues, earliest, bool(older))
+            return dues, paused
 
 
-def _run_evidence(instance: dg.DagsterInstance, task_key: str, since: datetime) -> _Evidence:
-    dues: set[datetime] = set()
-    earliest: datetime | None = None
+def _run_dues(instance: dg.DagsterInstance, task_key: str, since: datetime) -> set[datetime]:
+    # Dagster is loaded only where an instance is: the CLI's read commands have none.
+    import dagster as dg
+
     records = instance.get_run_records(
         filters=dg.RunsFilter(tags={t.TAG_TASK: task_key}, created_after=since)
     )
-    for record in records:
-        due_text = record.dagster_run.tags.get(t.TAG_DUE)
-        due = _parse(due_text)
-        if due is not None:
-            dues.add(due)
-        first = due or record.create_timestamp.astimezone(UTC)
-        earliest = first if earliest is None else min(earliest, first)
-    older = instance.get_run_records(
-        filters=dg.RunsFilter(tags={t.TAG_TASK: task_key}, created_before=since), limit=1
-    )
-    return _Evidence(dues, earliest, bool(older))
+    dues = (_parse(r.dagster_run.tags.get(t.TAG_DUE)) for r in records)
+    return {d for d in dues if d is not None}
 
 
 def _parse(text: str | None) -> datetime | None:
@@ -131,46 +119,73 @@ def _parse(text: str | None) -> datetime | None:
 
 def audit_task(
     view: TaskView,
-    ledger: RunLedger,
+    ledger: Ledger,
     now: datetime,
     *,
     window: timedelta = DEFAULT_AUDIT_WINDOW,
     instance: dg.DagsterInstance | None = None,
+    scheduling: Scheduling | None = None,
 ) -> TaskAudit:
-    """Missed dues of one task over ``[now - window, start of now's slot)``.
+    """The dues of one task over ``[now - window, start of now's slot)``, judged.
 
-    Evidence that a due happened: a ledger entry with that due, or (with ``instance``) a
-    Dagster run tagged with it — a queued run has no entry yet, and a run that failed
-    before starting is the outcome reconciler's business, not a gap.
+    A due is accounted for by a ledger entry with that due, or (with ``instance``) a Dagster
+    run tagged with it -- a queued run has no entry yet, and a run that failed before starting
+    is the outcome reconciler's business, not a gap. ``scheduling`` is the task's
+    (``services/scheduling.py: scheduling_of``), read here when not given.
     """
     key = view.spec.key
     end = floor_to_slot(now, view.slot_minutes)
     since = now - window
-    evidence = [_ledger_evidence(ledger, key, since)]
-    if instance is not None:
-        evidence.append(_run_evidence(instance, key, since))
-    seen = set().union(*(e.dues for e in evidence))
-    earliest = [e.earliest for e in evidence if e.earliest is not None]
-    if any(e.older_exists for e in evidence):
-        start: datetime | None = since
-    elif earliest:
-        start = max(since, floor_to_slot(min(earliest), view.slot_minutes))
-    else:
-        start = None
-    if start is None:
+    if scheduling is None:
+        scheduling = scheduling_of(ledger, view, instance=instance)
+    if scheduling.since is None:
         return TaskAudit(key, view.spec.missed_slot_policy, None, end, 0, ())
+    start = max(since, scheduling.since)
+    seen, paused = _ledger_dues(ledger, key, since)
+    if instance is not None:
+        seen |= _run_dues(instance, key, since)
     dues = expected_dues(view, start, end)
-    missed = tuple(d for d in dues if d not in seen)
-    return TaskAudit(key, view.spec.missed_slot_policy, start, end, len(dues), missed)
+    verdicts = [
+        (
+            d,
+            DueVerdict.PAUSED
+            if d in paused
+            else due_verdict(d, scheduling, accounted=d in seen)[0],
+        )
+        for d in dues
+    ]
+    return TaskAudit(
+        key,
+        view.spec.missed_slot_policy,
+        start,
+        end,
+        len(dues),
+        tuple(d for d, v in verdicts if v is DueVerdict.MISSED),
+        tuple(d for d, v in verdicts if v is DueVerdict.PAUSED),
+    )
 
 
 def audit_tasks(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Iterable[TaskView],
     now: datetime,
     *,
     window: timedelta = DEFAULT_AUDIT_WINDOW,
     instance: dg.DagsterInstance | None = None,
 ) -> list[TaskAudit]:
-    """:func:`audit_task` for every task, in registry order."""
-    return [audit_task(v, ledger, now, window=window, instance=instance) for v in views]
+    """:func:`audit_task` for every task, in registry order (the ledger's schedules and
+    pauses read once for all of them)."""
+    schedules, pauses = ledger.schedule_states(), ledger.pauses_by_task()
+    return [
+        audit_task(
+            v,
+            ledger,
+            now,
+            window=window,
+            instance=instance,
+            scheduling=scheduling_of(
+                ledger, v, schedules=schedules, pauses=pauses, instance=instance
+            ),
+        )
+        for v in views
+    ]

@@ -159,3 +159,30 @@ def last_dispatch_failure_canceled(instance: dg.DagsterInstance, entry: Entry) -
         return False
     run = instance.get_run_by_id(str(run_id))
     return run is not None and run.status == dg.DagsterRunStatus.CANCELED
+
+
+def dagster_will_retry_failure(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Will Dagster retry ``run`` when its step fails now? Dagster decides it only after the
+    run has failed (``dagster/will_retry``), but the claim wrapper must record the attempt
+    before that: ``retrying`` only while a retry will really come (DESIGN rule 2). The same
+    rule as Dagster's run retries: retries enabled on the instance, step failures retried
+    (``dagster/retry_on_asset_or_op_failure``, else the instance's setting), and fewer runs
+    in the run's group than ``dagster/max_retries`` + 1 (else the instance's max_retries; a
+    launchpad run carries no tag, so usually none comes)."""
+    if not instance.run_retries_enabled:
+        return False
+    on_step_failure = run.tags.get(t.DAGSTER_RETRY_ON_ASSET_OR_OP_FAILURE)
+    if on_step_failure is None:
+        if not instance.run_retries_retry_on_asset_or_op_failure:
+            return False
+    elif on_step_failure.strip().lower() in ("false", "none", "0", ""):
+        return False  # Dagster reads any other value as true
+    raw = run.tags.get(t.DAGSTER_MAX_RETRIES)
+    try:
+        max_retries = instance.run_retries_max_retries if raw is None else int(raw)
+    except ValueError:
+        return False  # Dagster does not retry a run whose max_retries tag is not a number
+    if max_retries <= 0:
+        return False
+    group = instance.get_run_group(run.run_id)
+    return group is None or len(list(group[1])) <= max_retries

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -38,6 +38,10 @@ from resources.core.settings import PROJECT_ROOT
 
 #: How long one Dagster command line may take to put a run on the instance.
 LAUNCH_TIMEOUT_SECONDS: Final = 300
+
+#: Re-dispatches of one manual request looked for (its run ended before claiming, and the
+#: request was launched again); past this, launch a new request.
+MAX_MANUAL_REDISPATCHES: Final = 100
 
 #: Namespace for run ids of manual launches (uuid5 of task key and request id).
 _MANUAL_RUN_ID_NAMESPACE: Final = uuid.UUID("6f1c3c1e-6a8e-4c55-9f59-5a1d0e1f2a11")
@@ -74,6 +78,28 @@ mutation DueledgerReexecute($params: ReexecutionParams!) {
 """
 
 
+#: What `dueledger catch-up` submits: several new runs in one `dagster-graphql` process (the
+#: mutation a client of the UI's API sends; run tags are ours, the job's are not applied).
+LAUNCH_MANY_MUTATION: Final = """
+mutation DueledgerLaunchMany($params: [ExecutionParams!]!) {
+  launchMultipleRuns(executionParamsList: $params) {
+    __typename
+    ... on LaunchMultipleRunsResult {
+      launchMultipleRunsResult {
+        __typename
+        ... on LaunchRunSuccess { run { runId } }
+        ... on Error { message }
+        ... on RunConfigValidationInvalid { errors { message } }
+      }
+    }
+    ... on Error { message }
+  }
+}
+"""
+#: The code location `workspace.yaml` loads (its ``location_name``).
+LOCATION_NAME: Final = "dueledger"
+
+
 class LaunchFailed(RuntimeError):
     """Dagster did not accept the run; the caller marks its entry dispatch_failed."""
 
@@ -81,9 +107,18 @@ class LaunchFailed(RuntimeError):
 # --- run ids -----------------------------------------------------------------------------------
 
 
-def manual_run_id(task_key: str, request_id: str) -> str:
-    """The Dagster run id of a manual launch: the same request gives the same run."""
-    return str(uuid.uuid5(_MANUAL_RUN_ID_NAMESPACE, f"{task_key}\x00{request_id}"))
+def manual_run_id(task_key: str, request_id: str, dispatch: int = 0) -> str:
+    """The Dagster run id of a manual launch: the same request gives the same run.
+
+    ``dispatch`` n > 0: the request's n-th re-dispatch, after its run ended before it
+    claimed the entry (canceled in the queue, failed to start). Dagster keeps a run id
+    forever, so each dispatch has its own, derived the same way by every process: a repeated
+    or racing launch of the same dispatch finds one run.
+    """
+    name = f"{task_key}\x00{request_id}"
+    if dispatch:
+        name += f"\x00redispatch-{int(dispatch)}"
+    return str(uuid.uuid5(_MANUAL_RUN_ID_NAMESPACE, name))
 
 
 def retry_run_id(child_entry_id: int) -> str:
@@ -217,6 +252,62 @@ def reexecute_run(
         except (OSError, ValueError) as exc:
             raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
     return run_id_from_reexecution(result)
+
+
+def launch_runs(
+    job_name: str, tag_sets: Sequence[Mapping[str, str]], *, workspace: Path | None = None
+) -> list[str | LaunchFailed]:
+    """Launch one run of ``job_name`` per tag set through one ``launchMultipleRuns``; returns,
+    in order, each run's id or the LaunchFailed saying why it was not created. The command
+    itself failing raises LaunchFailed (no run was created)."""
+    selector = {
+        "repositoryLocationName": LOCATION_NAME,
+        "repositoryName": "__repository__",
+        "jobName": job_name,
+    }
+    params = [
+        {
+            "selector": selector,
+            "runConfigData": {},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+        }
+        for tags in tag_sets
+    ]
+    with tempfile.TemporaryDirectory(prefix="dueledger-launch-") as tmp:
+        out = Path(tmp) / "result.json"
+        _run_dagster_cli(
+            "dagster-graphql",
+            [
+                "-w",
+                str(_workspace(workspace)),
+                "-t",
+                LAUNCH_MANY_MUTATION,
+                "-v",
+                json.dumps({"params": params}),
+                "-o",
+                str(out),
+            ],
+            "dagster-graphql launchMultipleRuns",
+        )
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError) as exc:
+            raise LaunchFailed(f"dagster-graphql gave no readable result: {exc}") from exc
+    payload = (result.get("data") or {}).get("launchMultipleRuns") or {}
+    items = payload.get("launchMultipleRunsResult")
+    if result.get("errors") or not isinstance(items, list) or len(items) != len(tag_sets):
+        detail = payload.get("message") or result.get("errors") or payload
+        raise LaunchFailed(f"launchMultipleRuns failed: {detail}")
+    outcomes: list[str | LaunchFailed] = []
+    for item in items:
+        if item.get("__typename") == "LaunchRunSuccess":
+            outcomes.append(str(item["run"]["runId"]))
+        else:
+            why = item.get("message") or "; ".join(
+                str(e.get("message")) for e in item.get("errors", [])
+            )
+            outcomes.append(LaunchFailed(f"launchRun returned {item.get('__typename')}: {why}"))
+    return outcomes
 
 
 # --- the launcher a retry is given -------------------------------------------------------------

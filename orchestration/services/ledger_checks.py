@@ -41,7 +41,7 @@ from resources.core.due import format_due
 from resources.core.instants import iso
 from resources.core.registry import TaskView
 from resources.core.requests import entry_request_from_tags
-from resources.ledger import SUMMARY_REJECTIONS, Entry, RunLedger, format_duration
+from resources.ledger import SUMMARY_REJECTIONS, Entry, Ledger, format_duration
 
 #: The task whose asset carries the ledger checks (assets/ledger_health.py).
 LEDGER_HEALTH_TASK: Final = "ledger_health"
@@ -126,7 +126,7 @@ def _plural(n: int, one: str, many: str) -> str:
 # --- no_stale_leases ---------------------------------------------------------------------
 
 
-def stale_leases(ledger: RunLedger, now: datetime) -> LedgerCheck:
+def stale_leases(ledger: Ledger, now: datetime) -> LedgerCheck:
     """Running entries whose lease expired before ``now`` and that are not reclaimed yet."""
     entries = ledger.reclaim_expired(now=now, dry_run=True, limit=MAX_STALE)
     if not entries:
@@ -208,7 +208,7 @@ def _ended(record: dg.RunRecord, now: datetime) -> datetime:
     return datetime.fromtimestamp(stamp, UTC) if stamp is not None else now
 
 
-def lost_retries(ledger: RunLedger, instance: dg.DagsterInstance, now: datetime) -> LedgerCheck:
+def lost_retries(ledger: Ledger, instance: dg.DagsterInstance, now: datetime) -> LedgerCheck:
     """``retrying`` entries whose awaited Dagster retry will never come."""
     waiting, more = ledger.list_entries(statuses=[t.STATUS_RETRYING], limit=MAX_RETRYING)
     found = []
@@ -274,7 +274,7 @@ def run_is_traced(entry: Entry | None, run_id: str, tags: Mapping[str, str]) -> 
 
 
 def unledgered_failed_runs(
-    ledger: RunLedger, instance: dg.DagsterInstance, views: Sequence[TaskView], now: datetime
+    ledger: Ledger, instance: dg.DagsterInstance, views: Sequence[TaskView], now: datetime
 ) -> LedgerCheck:
     """Task runs Dagster ended FAILURE or CANCELED within FAILED_RUNS_WINDOW (and at least
     SENSOR_GRACE ago) that the ledger does not trace."""
@@ -290,6 +290,8 @@ def unledgered_failed_runs(
     found = []
     for record in records:
         run = record.dagster_run
+        if run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES:
+            continue  # ended by the ledger's own decision (refused, skipped, replaced), audited
         for tags in attributed_tags(run, views):
             task = tags[t.TAG_TASK]
             try:
@@ -362,7 +364,7 @@ def ledger_health_view(views: Sequence[TaskView]) -> TaskView | None:
 
 def evaluate_ledger_check(
     name: str,
-    ledger: RunLedger,
+    ledger: Ledger,
     instance: dg.DagsterInstance,
     views: Sequence[TaskView],
     now: datetime,
@@ -378,7 +380,7 @@ def evaluate_ledger_check(
 
 
 def ledger_check_evaluations(
-    ledger: RunLedger, instance: dg.DagsterInstance, views: Sequence[TaskView], now: datetime
+    ledger: Ledger, instance: dg.DagsterInstance, views: Sequence[TaskView], now: datetime
 ) -> list[dg.AssetCheckEvaluation]:
     """Every ledger check as a runless evaluation on the ``ledger_health`` asset; none when
     the code location has no ``ledger_health`` task."""

@@ -4,6 +4,11 @@ A manual launch never carries a run_key and its ledger key is ``manual:<request_
 so it can neither be swallowed by nor swallow a scheduled due. The Dagster run id is
 derived from (task, request id), so Dagster's own unique run id makes "the same
 request twice" one run even when two launches race.
+
+A request whose entry is ``dispatch_failed`` -- its launch failed, or its run ended before
+claiming the entry (canceled in the queue; ``ledger_outcome_sensor`` records it) -- is
+re-dispatched when it is launched again: ``dispatch_failed -> queued`` with the earlier
+errors kept (DESIGN rule 5), under the run id of its next dispatch.
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ from dataclasses import dataclass
 import dagster as dg
 
 from orchestration.services.hooks import CreationGate, Hooks, record
-from orchestration.services.launch import LaunchFailed, manual_run_id, submit_run
+from orchestration.services.launch import (
+    MAX_MANUAL_REDISPATCHES,
+    LaunchFailed,
+    manual_run_id,
+    submit_run,
+)
 from resources.core import tags as t
 from resources.core.checks import check_reason, check_request_id
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import check_operator_name
+from resources.core.policies import OVERLAP_SKIP
 from resources.core.registry import TaskSpec, find_task, task_run_tags
-from resources.ledger import RunLedger, dedup_key_for_request
+from resources.ledger import Ledger, dedup_key_for_request
 
 #: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.
 Submit = Callable[[str, str, Mapping[str, str]], object]
@@ -69,15 +80,18 @@ def launch_manual(
     reason: str,
     request_id: str | None,
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     hooks: Hooks,
     submit: Submit = submit_run,
+    queue: bool = False,
 ) -> LaunchResult:
     """Launch a task manually, idempotent on ``request_id``.
 
     Raises InvalidInput (unknown task, empty operator/reason), Refused (task not
-    manually triggerable, or denied by a blocking ``before_task_create`` plugin listener;
-    nothing launched) or LaunchFailed (entry -> dispatch_failed).
+    manually triggerable, denied by a blocking ``before_task_create`` plugin listener, or --
+    overlap ``skip`` -- running now, without ``queue``; nothing launched) or LaunchFailed
+    (entry -> dispatch_failed). With ``queue`` the run waits for its turn under ``skip`` and
+    ``buffer_one`` (the entry's ``summary.overlap`` is ``queue``).
     """
     spec = find_task(specs, task_key)
     if spec is None:
@@ -96,8 +110,28 @@ def launch_manual(
             f"orchestration/tasks.py if manual runs are safe for it. Nothing was launched."
         )
     request_id = request_id or str(uuid.uuid4())
-    run_id = manual_run_id(task_key, request_id)
-    existing = instance.get_run_by_id(run_id)
+    dispatch, existing = latest_dispatch(instance, task_key, request_id)
+    if existing is None and not queue and spec.overlap_policy == OVERLAP_SKIP:
+        running = ledger.in_progress(task_key)
+        if running:
+            busy = running[0]
+            raise Refused(
+                f"task {task_key!r} is running (entry {busy.id}, {busy.label}, {busy.status}) "
+                f"and its overlap policy is skip: this launch would be skipped. Nothing was "
+                f"launched; add --queue to wait for its turn"
+            )
+    if existing is not None and _needs_redispatch(ledger, existing, task_key, request_id):
+        # Its run ended before claiming the entry (canceled in the queue, failed to start)
+        # and the entry is dispatch_failed, whoever recorded that: this repeat of the
+        # request re-dispatches it (DESIGN rule 5) under the next dispatch's run id.
+        if dispatch >= MAX_MANUAL_REDISPATCHES:
+            raise Refused(
+                f"request {request_id!r} of task {task_key!r} failed to launch "
+                f"{dispatch + 1} times; launch it as a new request (another --request-id). "
+                f"Nothing was launched."
+            )
+        dispatch, existing = dispatch + 1, None
+    run_id = manual_run_id(task_key, request_id, dispatch)
     gate: CreationGate | None = None
     if existing is None:
         # Plugin hooks see the launch before anything is written, so a deny changes nothing.
@@ -117,15 +151,21 @@ def launch_manual(
     )
     if gate is not None:
         record(ledger, entry.id, gate.before.records())
+        if queue:
+            entry = ledger.wait_turn(entry.id)
         # This request's earlier launch failed before any run existed: launching it again
         # is its re-dispatch, so its run finds the entry claimable.
         redispatched = entry.status == t.STATUS_DISPATCH_FAILED
         if redispatched and not ledger.redispatch(entry.id):
-            raise Refused(
-                f"request {request_id!r} of task {task_key!r} (entry {entry.id}) is "
-                f"dispatch_failed and was retried by hand since; launch a new request "
-                f"or see `dueledger runs show {entry.id}`. Nothing was launched."
-            )
+            now = ledger.get(entry.id)
+            if now is None or now.manual_retry_at is not None:
+                raise Refused(
+                    f"request {request_id!r} of task {task_key!r} (entry {entry.id}) is "
+                    f"dispatch_failed and was retried by hand since; launch a new request "
+                    f"or see `dueledger runs show {entry.id}`. Nothing was launched."
+                )
+            # A racing repeat re-dispatched it first: both submit the same run id, Dagster
+            # keeps one run, and the loser finds it existing below.
         try:
             submit(spec.job_name, run_id, dict(gate.tags))
             was_existing = False
@@ -145,3 +185,27 @@ def launch_manual(
         run, was_existing, redispatched = existing, True, False
     status = run.status.value if run is not None else "UNKNOWN"
     return LaunchResult(entry.id, run_id, request_id, task_key, was_existing, status, redispatched)
+
+
+def latest_dispatch(
+    instance: dg.DagsterInstance, task_key: str, request_id: str
+) -> tuple[int, dg.DagsterRun | None]:
+    """The newest dispatch of a manual request: its number and its run (``0, None``: no run
+    was created yet). Dispatch n's run id is ``manual_run_id(task, request, n)``; they are
+    created in order, so the first id without a run ends the search."""
+    latest: tuple[int, dg.DagsterRun | None] = (0, None)
+    for number in range(MAX_MANUAL_REDISPATCHES + 1):
+        run = instance.get_run_by_id(manual_run_id(task_key, request_id, number))
+        if run is None:
+            break
+        latest = (number, run)
+    return latest
+
+
+def _needs_redispatch(ledger: Ledger, run: dg.DagsterRun, task_key: str, request_id: str) -> bool:
+    """The request's newest run has ended and its entry is ``dispatch_failed``: the run never
+    claimed it (ledger_outcome_sensor recorded that), so nothing of it ran."""
+    if not run.is_finished:
+        return False
+    entry = ledger.find(task_key, dedup_key_for_request(request_id))
+    return entry is not None and entry.status == t.STATUS_DISPATCH_FAILED

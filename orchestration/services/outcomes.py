@@ -31,6 +31,7 @@ from orchestration.services.dagster_runs import (
     newest_automatic_retry,
     run_timed_out,
 )
+from orchestration.services.stranded import redo_command
 from orchestration.services.task_plugins import task_registry
 from orchestration.services.unsupported import (
     end_unsupported,
@@ -39,7 +40,7 @@ from orchestration.services.unsupported import (
 )
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST
-from resources.core.due import format_due
+from resources.core.due import ORIGIN_DUE, format_due
 from resources.core.outcomes import Action, Reconciled, RunOutcome, decide
 from resources.core.registry import TaskSpec, TaskView
 from resources.core.requests import EntryRequest, entry_request_from_tags
@@ -47,7 +48,7 @@ from resources.ledger import (
     DEFAULT_MAX_ATTEMPTS,
     SUMMARY_DISPATCH_FAILURES,
     Entry,
-    RunLedger,
+    Ledger,
 )
 
 #: A failed run without ``dagster/will_retry`` yet (the tag is written just after the
@@ -77,7 +78,7 @@ def explain_unregistered(task_key: str, recorded_source: str | None) -> str:
 
 
 def reconcile_run(
-    ledger: RunLedger,
+    ledger: Ledger,
     tags: Mapping[str, str],
     outcome: RunOutcome,
     specs_max_attempts: Mapping[str, int],
@@ -106,6 +107,14 @@ def reconcile_run(
             entry = ledger.record_dispatch_failure(
                 entry.id, error=outcome.error_text(claimed=False), run_id=outcome.run_id, now=now
             )
+    elif action is Action.TRACE_DUPLICATE:
+        assert entry is not None
+        entry = ledger.reject(
+            entry.id,
+            outcome.run_id,
+            reason=f"{outcome.error_text(claimed=False)}; {reason}",
+            now=now,
+        )
     elif action is Action.FAIL_ATTEMPT:
         assert entry is not None
         entry = ledger.fail(
@@ -121,7 +130,7 @@ def reconcile_run(
 
 
 def end_unregistered(
-    ledger: RunLedger,
+    ledger: Ledger,
     request: EntryRequest,
     run_id: str,
     registered: Sequence[TaskSpec],
@@ -206,7 +215,9 @@ def run_outcome(
     to (None: not a task run, or the run is gone)."""
     run_id = event_record.event_log_entry.run_id
     record = instance.get_run_record_by_id(run_id)
-    if record is None:
+    if record is None or record.dagster_run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES:
+        # A run the ledger refused, skipped or replaced ended by the ledger's own decision
+        # (recorded then): it is no dispatch failure, and its entry says what happened.
         return None
     per_task = attributed_tags(record.dagster_run, views)
     if not per_task:
@@ -243,7 +254,7 @@ def _load_cursor(text: str | None) -> dict[str, int]:
 
 def reconcile_events(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     cursor: str | None,
     now: datetime,
@@ -317,7 +328,7 @@ def reconcile_events(
 
 def settle_abandoned_retries(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     log: Any | None = None,
@@ -378,10 +389,10 @@ def settle_abandoned_retries(
                 f"not created it {RETRY_LOST_AFTER.total_seconds() / 60:g} minutes after the "
                 f"run ended: the retry was lost"
             )
-        elif state is RetryState.NOT_RETRIED and run.status == dg.DagsterRunStatus.SUCCESS:
+        elif state is RetryState.NOT_RETRIED and _refused(run):
             message = (
-                "the last run of the entry's retry chain succeeded without claiming the "
-                "entry (refused: nothing done), and Dagster retries only failed runs"
+                "the last run of the entry's retry chain was refused by the ledger without "
+                "claiming the entry (nothing done), and Dagster retries only failed runs"
             )
         elif state is RetryState.NOT_RETRIED and run.tags.get(t.DAGSTER_WILL_RETRY) == "false":
             message = "Dagster announced a retry of this run and then did not launch it"
@@ -403,6 +414,12 @@ def settle_abandoned_retries(
             if log is not None:
                 log.info(item.line())
     return done
+
+
+def _refused(run: dg.DagsterRun) -> bool:
+    """A run the ledger refused: CANCELED by the claim wrapper (before issue 23, such runs
+    ended SUCCESS with the same tag)."""
+    return run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES or (run.status == dg.DagsterRunStatus.SUCCESS)
 
 
 def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
@@ -441,6 +458,9 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
                 f"redispatch_sensor; see `dueledger runs show {entry.id}`"
+                if entry.origin == ORIGIN_DUE
+                # A manual launch or retry is re-dispatched by repeating its request.
+                else f"{redo_command(entry)}; see `dueledger runs show {entry.id}`"
             ),
         }
     return None
@@ -448,7 +468,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
 
 def end_unregistered_retry(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     entry: Entry,
     registered: Sequence[TaskSpec],
     *,
@@ -472,7 +492,7 @@ def end_unregistered_retry(
 
 def _end_unregistered_run(
     instance: dg.DagsterInstance,
-    ledger: RunLedger,
+    ledger: Ledger,
     tags: Mapping[str, str],
     run_id: str,
     registered: Sequence[TaskSpec],

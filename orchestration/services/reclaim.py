@@ -16,7 +16,7 @@ from typing import Any
 from resources.core.alerting import KIND_LEASE_RECLAIMED
 from resources.core.due import format_due
 from resources.core.instants import iso
-from resources.ledger import Entry, RunLedger, format_duration
+from resources.ledger import Entry, Ledger, format_duration
 
 ALERT_KIND = KIND_LEASE_RECLAIMED
 
@@ -76,7 +76,7 @@ def _reclaim(entry: Entry, now: datetime, done: bool) -> Reclaim:
     )
 
 
-def reclaim_leases(ledger: RunLedger, now: datetime, *, dry_run: bool = False) -> list[Reclaim]:
+def reclaim_leases(ledger: Ledger, now: datetime, *, dry_run: bool = False) -> list[Reclaim]:
     """Reclaim every expired lease as of ``now`` (or, with ``dry_run``, list them).
 
     The candidates are read first so that each reclaim can name its run and expiry (the

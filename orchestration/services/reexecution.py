@@ -41,7 +41,7 @@ from resources.core.retry_rules import (
     CHECK_RECORDED,
     refusal_message,
 )
-from resources.ledger import Entry, RunLedger, dedup_key_for_retry
+from resources.ledger import Entry, Ledger, dedup_key_for_retry
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class UiRetryOutcome:
 
 
 def apply_reexecution_rule(
-    context: dg.AssetExecutionContext, ledger: RunLedger, spec: TaskSpec, request: EntryRequest
+    context: dg.AssetExecutionContext, ledger: Ledger, spec: TaskSpec, request: EntryRequest
 ) -> tuple[EntryRequest, UiRetryOutcome | None]:
     """Rule 4 at claim time, before any side effect: the request to claim, or the refusal.
 
@@ -105,7 +105,7 @@ def apply_reexecution_rule(
 
 
 def recorded_retry_only(
-    context: dg.AssetExecutionContext, ledger: RunLedger, request: EntryRequest
+    context: dg.AssetExecutionContext, ledger: Ledger, request: EntryRequest
 ) -> tuple[EntryRequest, UiRetryOutcome | None]:
     """A ``manual_retry`` run claims the child its retry recorded; it never creates one."""
     if request.trigger != t.TRIGGER_MANUAL_RETRY or request.parent_id is None:
@@ -128,7 +128,7 @@ def ui_retry_reason(run_id: str, parent_run_id: str) -> str:
 
 
 def retry_for_ui_reexecution(
-    ledger: RunLedger,
+    ledger: Ledger,
     *,
     task_key: str,
     dedup_key: str,
@@ -203,7 +203,7 @@ def retry_for_ui_reexecution(
 
 
 def unrecorded_retry_refusal(
-    ledger: RunLedger,
+    ledger: Ledger,
     *,
     task_key: str,
     parent_id: int,

@@ -30,8 +30,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-
-import dagster as dg
+from typing import TYPE_CHECKING
 
 from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from resources.core import tags as t
@@ -57,7 +56,10 @@ from resources.core.retry_rules import (
     first_failure,
     refusal_message,
 )
-from resources.ledger import Entry, RunLedger, dedup_key_for_retry
+from resources.ledger import Entry, Ledger, dedup_key_for_retry
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 # --- the transaction ---------------------------------------------------------------------------
 
@@ -75,7 +77,7 @@ class RetryRecord:
 
 
 def record_retry(
-    ledger: RunLedger,
+    ledger: Ledger,
     parent_id: int,
     *,
     specs: Sequence[TaskSpec],
@@ -182,7 +184,7 @@ def record_retry(
 
 
 def audit_operator_refusal(
-    ledger: RunLedger,
+    ledger: Ledger,
     decision: Decision,
     *,
     operator: str,
@@ -263,7 +265,7 @@ def launch_retry(
     record: RetryRecord,
     spec: TaskSpec,
     *,
-    ledger: RunLedger,
+    ledger: Ledger,
     instance: dg.DagsterInstance,
     launcher: Launcher,
 ) -> RetryResult:
@@ -343,7 +345,7 @@ ExplainUnregistered = Callable[[str, str | None], str]
 
 
 def retry_entry(
-    ledger: RunLedger,
+    ledger: Ledger,
     parent_id: int,
     *,
     specs: Sequence[TaskSpec],
@@ -400,7 +402,7 @@ def retry_entry(
     return launch_retry(record, spec, ledger=ledger, instance=instance, launcher=launcher)
 
 
-def _dispatch_failed_child(ledger: RunLedger, parent: Entry | None) -> Entry | None:
+def _dispatch_failed_child(ledger: Ledger, parent: Entry | None) -> Entry | None:
     """The retry child of ``parent`` when its launch failed (``dispatch_failed``), else None."""
     if parent is None or parent.manual_retry_at is None:
         return None
@@ -409,7 +411,7 @@ def _dispatch_failed_child(ledger: RunLedger, parent: Entry | None) -> Entry | N
 
 
 def redispatch_retry(
-    ledger: RunLedger,
+    ledger: Ledger,
     parent: Entry,
     child: Entry,
     *,

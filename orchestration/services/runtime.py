@@ -9,7 +9,8 @@ The claim path, top-down, each step once:
 3. DESIGN rule 4 for UI re-executions and ``manual_retry`` runs:
    ``reexecution.apply_reexecution_rule`` (which records a retry through ``retry.py``);
 4. the entry is created insert-or-ignore, a dead retry chain's attempt settled, a
-   dispatch failure resumed, and the entry claimed by compare-and-set with a lease;
+   dispatch failure resumed, and the entry claimed by compare-and-set with a lease, under
+   the task's pauses and overlap policy (``overlap.py``: a skipped run ends CANCELED);
 5. the body runs under a heartbeat, fenced; its outcome is recorded, hooks fired
    (``task_events.py``).
 """
@@ -26,14 +27,17 @@ from typing import NoReturn
 import dagster as dg
 
 from orchestration.services.dagster_runs import (
+    dagster_will_retry_failure,
     failed_ancestor,
     run_timed_out,
     turn_off_dagster_retries,
 )
 from orchestration.services.hooks import TASK_AFTER, TASK_BEFORE, TASK_FAILED, Hooks
+from orchestration.services.overlap import claim_entry
 from orchestration.services.reexecution import apply_reexecution_rule
 from orchestration.services.task_events import fire_task_event, record_creation_hooks
 from orchestration.services.task_plugins import task_registry
+from orchestration.services.unclaimed import end_unclaimed_run, lineage_root
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from resources.core import tags as t
 from resources.core.fence import EffectGuard, FenceLost
@@ -44,24 +48,29 @@ from resources.core.requests import (
     is_retry_of_a_dispatch_failure,
     task_is_registered,
     task_tags,
+    unissued_launch,
 )
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 from resources.ledger.fence import LedgerGuard
+
+
+class SecondWorkerOfRun(Exception):
+    """Raised by :func:`task_run` in a second process of a run whose first process holds the
+    claim: the body must not run, and this process ends without acting (``task_asset``
+    returns quietly; the run's outcome is its first process's)."""
 
 
 @dataclass(frozen=True)
 class TaskRun:
-    """What the task body gets: whether it may act, its entry, its "as of" instant, and the
-    key of the task whose asset runs (the key its side effects are written under)."""
+    """What the task body gets: the entry its run claimed, its "as of" instant, and the key of
+    the task whose asset runs (the key its side effects are written under)."""
 
-    claimed: bool
     entry: Entry
     as_of: datetime
     task_key: str
-    reason: str | None = None
-    #: Checks the run's fence in every side effect's transaction (None when not claimed):
-    #: pass it to the domain's write functions (resources/effects.py).
-    guard: EffectGuard | None = None
+    #: Checks the run's fence in every side effect's transaction: pass it to the domain's
+    #: write functions (resources/effects.py).
+    guard: EffectGuard
 
     @property
     def entry_key(self) -> str:
@@ -72,7 +81,7 @@ class TaskRun:
 @contextmanager
 def task_run(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     spec: TaskSpec,
     *,
     hooks: Hooks,
@@ -80,8 +89,10 @@ def task_run(
 ) -> Iterator[TaskRun]:
     """Claim the run's ledger entry, keep its lease alive, and record the outcome.
 
-    When the claim is refused (duplicate or late run) the body gets ``claimed=False``
-    and must do nothing: no side effect, no materialization. One log line says why.
+    The body gets the run it claimed. A run the ledger does not let act -- a duplicate or
+    late run, a refused UI re-execution, a manual launch of a task that is not manually
+    triggerable -- never reaches the body: it ends CANCELED with the reason as its message
+    and first log line, tagged ``dueledger/outcome=refused`` (``unclaimed.end_unclaimed_run``).
 
     Plugin hooks (``hooks``) fire around the body of a claimed run (``task_before``, then
     ``task_after`` or ``task_failed``); their outcomes are stored on the entry and never fail
@@ -98,11 +109,10 @@ def task_run(
     request, refusal = apply_reexecution_rule(context, ledger, spec, request)
     if refusal is not None:
         assert refusal.entry is not None  # a refusal names the parent's entry
-        context.log.warning(refusal.message)
-        _mark_run(context, refusal.entry, refused=True)
-        as_of = run_as_of(context, request)
-        yield TaskRun(False, refusal.entry, as_of, spec.key, refusal.message)
-        return
+        end_unclaimed_run(context, ledger, refusal.message, refusal.entry, request)
+    unissued = unissued_launch(spec, request, context.run.tags)
+    if unissued is not None:
+        end_unclaimed_run(context, ledger, unissued, None, request)
     entry = ledger.ensure_entry(
         task_key=request.task_key,
         trigger=request.trigger,
@@ -116,7 +126,8 @@ def task_run(
     entry = settle_parent_of_automatic_retry(context, ledger, entry)
     entry = resume_dispatch_failed_entry_in_its_retry(context, ledger, entry)
     as_of = run_as_of(context, request)
-    result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
+    # The task's pauses and overlap policy: a run that may not claim ends there (overlap.py).
+    result = claim_entry(context, ledger, spec, entry, request)
     if not result.claimed and result.entry.status == t.STATUS_DISPATCH_FAILED:
         # The outcome sensor recorded the parent's dispatch failure between our read and
         # the claim: resume once more.
@@ -124,16 +135,28 @@ def task_run(
         if entry.status == t.STATUS_QUEUED:
             result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
-        context.log.warning(result.reason or f"entry {entry.id}: claim refused, nothing done")
-        _mark_run(context, result.entry, refused=True)
-        yield TaskRun(False, result.entry, as_of, spec.key, result.reason)
-        return
+        reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
+        skipped = result.entry.status == t.STATUS_SKIPPED
+        outcome = t.OUTCOME_SKIPPED if skipped else t.OUTCOME_REFUSED
+        end_unclaimed_run(context, ledger, reason, result.entry, request, outcome=outcome)
+    if result.reentrant:
+        # A second process of this Dagster run: two daemons dequeued it at once (dagster
+        # #33962), or its worker was restarted. The claim is the other process's; acting
+        # under it would do the work twice (found by tests/history's shared_claim rule). Not
+        # end_unclaimed_run: canceling the run would cancel the process that does the work.
+        reason = (
+            f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds "
+            f"it in another process; this process does nothing (a second worker of one run)"
+        )
+        context.log.warning(reason)
+        ledger.reject(entry.id, run_id, reason=reason)
+        raise SecondWorkerOfRun(reason)
     context.log.info(
         f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
         f"attempt {result.entry.attempt}/{result.entry.max_attempts}"
     )
     source = spec.source if spec.from_plugin else None
-    _mark_run(context, result.entry, refused=False, source=source)
+    _mark_run(context, ledger, result.entry, source=source)
     claimed = result.entry
     record_creation_hooks(context, ledger, request, claimed)
     fence = result.fence
@@ -142,7 +165,7 @@ def task_run(
     with _Heartbeat(ledger, entry.id, run_id, spec.lease_ttl) as beat:
         fire_task_event(context, ledger, hooks, TASK_BEFORE, claimed, as_of)
         try:
-            yield TaskRun(True, result.entry, as_of, spec.key, guard=guard)
+            yield TaskRun(result.entry, as_of, spec.key, guard)
         except BaseException as exc:
             if isinstance(exc, FenceLost):
                 # The entry moved on without this run (reclaimed while it was paused): not
@@ -152,7 +175,10 @@ def task_run(
                 turn_off_dagster_retries(context.instance, run_id, context.log)
             else:
                 error = f"{type(exc).__name__}: {exc}"
-                after = ledger.fail(entry.id, run_id, error=error)
+                # Rule 2: `retrying` only while a retry will really come (a launchpad run
+                # carries no dagster/max_retries, so Dagster retries none of its failures).
+                coming = dagster_will_retry_failure(context.instance, context.run)
+                after = ledger.fail(entry.id, run_id, error=error, retry_coming=coming)
                 context.log.error(f"entry {entry.id} {spec.key}: attempt failed -> {after.status}")
                 if after.is_terminal:
                     turn_off_dagster_retries(context.instance, run_id, context.log)
@@ -187,7 +213,7 @@ def task_run(
 
 def end_unsupported_run(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     hooks: Hooks,
     request: EntryRequest,
     tasks: Sequence[TaskSpec],
@@ -236,7 +262,7 @@ def end_unsupported_run(
 
 
 def settle_parent_of_automatic_retry(
-    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry
 ) -> Entry:
     """Ledger rule 2 for Dagster's automatic retries (issue 4).
 
@@ -269,7 +295,7 @@ def settle_parent_of_automatic_retry(
 
 
 def resume_dispatch_failed_entry_in_its_retry(
-    context: dg.AssetExecutionContext, ledger: RunLedger, entry: Entry
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry
 ) -> Entry:
     """Ledger rule 5 for Dagster's automatic retries.
 
@@ -322,34 +348,33 @@ def partition_window_end(context: dg.AssetExecutionContext) -> datetime | None:
 
 
 def _mark_run(
-    context: dg.AssetExecutionContext, entry: Entry, *, refused: bool, source: str | None = None
+    context: dg.AssetExecutionContext, ledger: Ledger, entry: Entry, *, source: str | None
 ) -> None:
-    """Make the ledger navigable from the UI: tag the run with its entry, a refused run with
-    ``dueledger/outcome=refused``, a plugin task's run with ``dueledger/source`` (a UI launch
-    carries no job tags), and link the materialization to the entry's runs. Best effort:
-    the ledger already holds the truth."""
-    tags = {t.TAG_ENTRY: str(entry.id)}
-    if refused:
-        tags[t.TAG_OUTCOME] = t.OUTCOME_REFUSED
+    """Make the ledger navigable from the UI: tag the run with its entry and the entry's
+    lineage (the root's Runs filter then lists every retry too), a plugin task's run with
+    ``dueledger/source`` (a UI launch carries no job tags), and link the materialization to
+    both filters. Best effort: the ledger already holds the truth."""
+    root = lineage_root(ledger, entry)
+    tags = {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(root)}
     if source and context.run.tags.get(t.TAG_SOURCE) != source:
         tags[t.TAG_SOURCE] = source
     try:
         context.instance.add_run_tags(context.run.run_id, tags)
     except Exception as exc:
         context.log.warning(f"could not tag run {context.run.run_id} with its entry: {exc}")
-    if not refused:
-        context.add_asset_metadata(
-            {
-                "ledger_entry_runs": dg.MetadataValue.url(t.entry_runs_path(entry.id)),
-                "ledger_entry_cli": dg.MetadataValue.text(f"dueledger runs show {entry.id}"),
-            }
-        )
+    context.add_asset_metadata(
+        {
+            "ledger_entry_runs": dg.MetadataValue.url(t.entry_runs_path(entry.id)),
+            "ledger_lineage_runs": dg.MetadataValue.url(t.lineage_runs_path(root)),
+            "ledger_entry_cli": dg.MetadataValue.text(f"dueledger runs show {entry.id}"),
+        }
+    )
 
 
 class _Heartbeat:
     """Renews the lease from a background thread while the task body works."""
 
-    def __init__(self, ledger: RunLedger, entry_id: int, run_id: str, ttl: timedelta) -> None:
+    def __init__(self, ledger: Ledger, entry_id: int, run_id: str, ttl: timedelta) -> None:
         self._ledger, self._entry_id, self._run_id, self._ttl = ledger, entry_id, run_id, ttl
         # Well under the TTL: three missed beats still leave the lease alive.
         self._interval = max(ttl.total_seconds() / 4, 0.5)

@@ -13,6 +13,7 @@ again. It runs on every tick of ``lease_reclaim_sensor`` (sensors/reclaim.py) an
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -24,7 +25,7 @@ from resources.core import tags as t
 from resources.core.alerting import KIND_LAUNCH_STRANDED
 from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
 from resources.core.instants import iso
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 
 #: How long an entry may wait for its run to be created: well past the launch timeout
 #: (300 s), so a slow launch that is still going is never taken for a dead one.
@@ -51,11 +52,14 @@ class Stranded:
         }
 
 
-def _redo(entry: Entry) -> str:
+def redo_command(entry: Entry) -> str:
+    """The command that re-dispatches a manual or retry entry whose launch failed
+    (``dispatch_failed``): the same request again."""
     if entry.origin == ORIGIN_MANUAL:
         request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
         return (
-            f"`dueledger launch {entry.task_key} --request-id {request_id} --operator <you> "
+            f"`dueledger launch {entry.task_key} --request-id {shlex.quote(request_id)} "
+            f"--operator <you> "
             f'--reason "..."` re-dispatches it'
         )
     if entry.parent_id is not None:
@@ -68,16 +72,20 @@ def _redo(entry: Entry) -> str:
 
 
 def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
-    """Whether any Dagster run was created for ``entry`` (it may still wait in the queue)."""
+    """Whether a Dagster run was created for ``entry``'s current dispatch (it may still wait
+    in the queue). A run whose failure the entry recorded belongs to an earlier dispatch: a
+    re-dispatch whose launcher died before its run was created is stranded too."""
+    ended = entry.dispatch_failure_run_ids
     if entry.origin == ORIGIN_MANUAL:
         request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
-        if instance.get_run_by_id(manual_run_id(entry.task_key, request_id)) is not None:
+        run = instance.get_run_by_id(manual_run_id(entry.task_key, request_id))
+        if run is not None and run.run_id not in ended:
             return True
         found = instance.get_runs(
             filters=dg.RunsFilter(tags={t.TAG_TASK: entry.task_key, t.TAG_REQUEST_ID: request_id}),
             limit=1,
         )
-        return bool(found)
+        return bool(found) and found[0].run_id not in ended
     # A retry child's runs (new run or re-execution) carry its parent's id.
     found = instance.get_runs(
         filters=dg.RunsFilter(
@@ -88,7 +96,7 @@ def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
     return bool(found)
 
 
-def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
+def stranded_candidates(ledger: Ledger, now: datetime) -> list[Entry]:
     """``queued`` manual/retry entries with no run id, recorded before ``now - STRANDED_AFTER``."""
     page, _ = ledger.list_entries(
         statuses=[t.STATUS_QUEUED], until=now - STRANDED_AFTER, limit=SWEEP_LIMIT
@@ -97,7 +105,7 @@ def stranded_candidates(ledger: RunLedger, now: datetime) -> list[Entry]:
 
 
 def sweep_stranded(
-    ledger: RunLedger, instance: dg.DagsterInstance, now: datetime, *, dry_run: bool = False
+    ledger: Ledger, instance: dg.DagsterInstance, now: datetime, *, dry_run: bool = False
 ) -> list[Stranded]:
     """Record every stranded launch as ``dispatch_failed``; returns what was recorded (with
     ``dry_run``: what would be, unchanged)."""
@@ -105,7 +113,7 @@ def sweep_stranded(
     for entry in stranded_candidates(ledger, now):
         if _has_run(instance, entry):
             continue
-        redo = _redo(entry)
+        redo = redo_command(entry)
         if dry_run:
             swept.append(Stranded(entry, redo))
             continue

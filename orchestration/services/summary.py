@@ -1,7 +1,7 @@
 """The ledger summary: the numbers `dueledger summary` and the ``ledger_health`` asset show.
 
 :func:`ledger_summary` is the one computation of the summary: totals come from
-``RunLedger.summary_counts`` (the same query `dueledger summary` runs), missed dues from
+``Ledger.summary_counts`` (the same query `dueledger summary` runs), missed dues from
 the gap audit (``orchestration/services/audit.py``), plus a per-task table and the entries
 that need attention.
 """
@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
-
-import dagster as dg
+from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
+from orchestration.services.policies import deadline_misses
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.instants import iso
 from resources.core.registry import TaskView
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
+from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 SUMMARY_WINDOW: Final = DEFAULT_AUDIT_WINDOW
 #: Entries created this long before the window are still read for "finished in the window".
@@ -29,7 +31,7 @@ _PAGE: Final = 500
 # --- reading the ledger ----------------------------------------------------------------------
 
 
-def all_entries(ledger: RunLedger, **filters: Any) -> list[Entry]:
+def all_entries(ledger: Ledger, **filters: Any) -> list[Entry]:
     """Every entry matching ``list_entries`` filters (all pages), newest first."""
     found: list[Entry] = []
     cursor: str | None = None
@@ -40,7 +42,7 @@ def all_entries(ledger: RunLedger, **filters: Any) -> list[Entry]:
             return found
 
 
-def recent_entries(ledger: RunLedger, since: datetime) -> list[Entry]:
+def recent_entries(ledger: Ledger, since: datetime) -> list[Entry]:
     """Entries created since ``since - _LOOKBACK`` plus every running one (any age)."""
     by_id = {e.id: e for e in all_entries(ledger, since=since - _LOOKBACK)}
     for entry in all_entries(ledger, statuses=[t.STATUS_RUNNING]):
@@ -50,8 +52,8 @@ def recent_entries(ledger: RunLedger, since: datetime) -> list[Entry]:
 
 # --- the summary -----------------------------------------------------------------------------
 
-#: Contract name (DESIGN ``summary``) -> key of ``RunLedger.summary_counts``.
-_TOTALS: Final = {
+#: Contract name (DESIGN ``summary``) -> key of ``Ledger.summary_counts``.
+SUMMARY_TOTALS: Final = {
     "active": "active",
     "stale": "stale",
     "failed_24h": "failed_window",
@@ -59,6 +61,8 @@ _TOTALS: Final = {
     "manual_retry_24h": "manual_retry_window",
     "dispatch_failed_24h": "dispatch_failed_window",
     "lease_reclaimed_24h": "lease_reclaimed_window",
+    "refused_24h": "refused_window",
+    "skipped_24h": "skipped_window",
     "queued": "queued",
     "retrying": "retrying",
 }
@@ -68,6 +72,9 @@ TASK_COLUMNS: Final = (
     "failed_24h",
     "dispatch_failed_24h",
     "missed_24h",
+    "deadline_missed_24h",
+    "paused_24h",
+    "skipped_24h",
     "stale",
     "active",
     "success_24h",
@@ -87,7 +94,7 @@ def first_line(text: str | None) -> str:
 
 
 def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dict[str, int]:
-    """Per-task counts with the definitions of ``RunLedger.summary_counts`` (its docstring):
+    """Per-task counts with the definitions of ``Ledger.summary_counts`` (its docstring):
     running split by lease expiry, terminal by ``finished_at``, dispatch_failed by
     ``updated_at``, manual retries by ``created_at``."""
     counts = dict.fromkeys(
@@ -99,6 +106,7 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
             "manual_retry_24h",
             "dispatch_failed_24h",
             "lease_reclaimed_24h",
+            "skipped_24h",
         ),
         0,
     )
@@ -115,11 +123,13 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
             counts["dispatch_failed_24h"] += 1
         if e.trigger == t.TRIGGER_MANUAL_RETRY and _after(e.created_at, since):
             counts["manual_retry_24h"] += 1
+        if e.status == t.STATUS_SKIPPED and _after(e.finished_at, since):
+            counts["skipped_24h"] += 1
     return counts
 
 
 def ledger_summary(
-    ledger: RunLedger,
+    ledger: Ledger,
     views: Sequence[TaskView],
     now: datetime,
     *,
@@ -128,7 +138,7 @@ def ledger_summary(
 ) -> dict[str, Any]:
     """The ledger's health as of ``now``: the contract's summary numbers plus a per-task table.
 
-    Totals are ``RunLedger.summary_counts`` (one query, shared with `dueledger summary`);
+    Totals are ``Ledger.summary_counts`` (one query, shared with `dueledger summary`);
     ``missed_24h`` is the gap audit over ``window`` (``sensors/audit.py``): with
     ``instance`` a due that has a Dagster run but no ledger entry yet (queued) is not
     missed. ``tasks`` has one row per registered task, plus rows for entries of tasks that
@@ -144,6 +154,7 @@ def ledger_summary(
     for entry in recent_entries(ledger, since):
         by_task.setdefault(entry.task_key, []).append(entry)
     policies = {v.spec.key: v.spec.missed_slot_policy for v in views}
+    deadlines = {v.spec.key: len(deadline_misses(ledger, v, now, window=window)) for v in views}
     rows = []
     for key in [*policies, *sorted(k for k in by_task if k not in policies)]:
         entries = by_task.get(key, [])
@@ -158,13 +169,17 @@ def ledger_summary(
                 **task_counts(entries, now, since),
                 "missed_24h": len(audit.missed) if audit else 0,
                 "missed_dues": [format_due(d) for d in audit.missed] if audit else [],
+                "paused_24h": len(audit.paused) if audit else 0,
+                "deadline_missed_24h": deadlines.get(key, 0),
                 "audited_since": iso(audit.start) if audit and audit.start else None,
                 "last_success_at": iso(max(successes)) if successes else None,
             }
         )
     return {
-        **{name: int(counts[key]) for name, key in _TOTALS.items()},
+        **{name: int(counts[key]) for name, key in SUMMARY_TOTALS.items()},
         "missed_24h": sum(len(a.missed) for a in audits.values()),
+        "paused_24h": sum(len(a.paused) for a in audits.values()),
+        "deadline_missed_24h": sum(deadlines.values()),
         "attention": attention_rows(by_task.values(), now, since),
         "as_of": iso(now),
         "window_hours": int(window.total_seconds() // 3600),
@@ -173,8 +188,26 @@ def ledger_summary(
             "active": "running entries whose lease is live",
             "stale": "running entries whose lease expired (the reclaim sensor fails them)",
             "missed_24h": (
-                "dues the task's rule implies in the window (from its first recorded run on) "
-                "with neither a ledger entry nor a Dagster run"
+                "dues the task's rule implies in the window, since its schedule first ran "
+                "here, with neither a ledger entry nor a Dagster run, and not paused"
+            ),
+            "paused_24h": (
+                "dues in the window inside a pause of their task (schedule stopped in the "
+                "Dagster UI, `dueledger pause`, paused after failures): not run on purpose, "
+                "not missed; each is written as a skipped entry"
+            ),
+            "skipped_24h": (
+                "entries that ended skipped in the window: not run on purpose, with the reason "
+                "in their error text (overlap: entry N running, paused by NAME: REASON)"
+            ),
+            "deadline_missed_24h": (
+                "dues whose deadline (a duration after the due) passed in the window without "
+                "the due succeeding by then"
+            ),
+            "refused_24h": (
+                "runs the ledger did not let act (duplicate or late runs, refused "
+                "re-executions, manual launches of tasks that are not manually triggerable); "
+                "they end CANCELED and are not failures"
             ),
         },
     }
@@ -189,10 +222,15 @@ def attention_rows(
     entries_by_task: Iterable[Iterable[Entry]], now: datetime, since: datetime
 ) -> list[dict[str, Any]]:
     """The newest failed, dispatch_failed and stale entries of the window, one row each, with
-    the run to open and the Runs-page filter that lists every run of the entry."""
+    the run to open and the Runs-page filter that lists every run of the entry. An entry a
+    manual retry made good (a retry of it, or of its retries, succeeded) needs nothing more."""
+    everything = [e for entries in entries_by_task for e in entries]
+    resolved = retried_successfully(everything)
     rows = []
-    for entries in entries_by_task:
+    for entries in (everything,):
         for e in entries:
+            if e.id in resolved:
+                continue
             stale = (
                 e.status == t.STATUS_RUNNING
                 and e.lease_expires_at is not None
@@ -220,6 +258,22 @@ def attention_rows(
             )
     rows.sort(key=lambda r: (r["updated_at"] or "", r["entry_id"]), reverse=True)
     return rows[:ATTENTION_ROWS]
+
+
+def retried_successfully(entries: Iterable[Entry]) -> set[int]:
+    """Ids of the entries among ``entries`` that a manual retry made good: a child (or a
+    child's child...) among them succeeded."""
+    by_id = {e.id: e for e in entries}
+    resolved: set[int] = set()
+    for e in by_id.values():
+        if e.status != t.STATUS_SUCCESS:
+            continue
+        parent, seen = e.parent_id, set()
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            resolved.add(parent)
+            parent = by_id[parent].parent_id if parent in by_id else None
+    return resolved
 
 
 def _attention_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -255,6 +309,10 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
             "manual_retry_24h",
             "dispatch_failed_24h",
             "missed_24h",
+            "paused_24h",
+            "skipped_24h",
+            "deadline_missed_24h",
+            "refused_24h",
         )
     )
     lines = [
@@ -275,32 +333,3 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         lines += [f"- `{key}`: {', '.join(dues)}" for key, dues in missed]
     lines += _attention_markdown(summary.get("attention", []))
     return "\n".join(lines)
-
-
-def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Asset metadata: the numbers, the per-task table and a Markdown report."""
-    int_columns = [
-        c for c in TASK_COLUMNS if c not in ("task_key", "missed_slot_policy", "last_success_at")
-    ]
-    schema = dg.TableSchema(
-        columns=[dg.TableColumn(c, "int" if c in int_columns else "string") for c in TASK_COLUMNS]
-    )
-    records = [
-        dg.TableRecord({c: (row[c] if c in int_columns else (row[c] or "")) for c in TASK_COLUMNS})
-        for row in summary["tasks"]
-    ]
-    numbers = {k: int(summary[k]) for k in (*_TOTALS, "missed_24h")}
-    attention = [
-        dg.TableRecord({c: str(row[c] or "") for c in ATTENTION_COLUMNS})
-        for row in summary.get("attention", [])
-    ]
-    return {
-        **numbers,
-        "as_of": summary["as_of"],
-        "needs_attention": dg.MetadataValue.table(
-            records=attention,
-            schema=dg.TableSchema(columns=[dg.TableColumn(c, "string") for c in ATTENTION_COLUMNS]),
-        ),
-        "per_task": dg.MetadataValue.table(records=records, schema=schema),
-        "report": dg.MetadataValue.md(summary_markdown(summary)),
-    }

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
-
-import dagster as dg
+from typing import TYPE_CHECKING, Any
 
 from orchestration.services.hooks import (
     TAG_HOOKS,
@@ -23,12 +21,15 @@ from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
 from resources.core.requests import EntryRequest
 from resources.core.settings import load_settings
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 
 def fire_task_event(
     context: dg.AssetExecutionContext,
-    ledger: RunLedger,
+    ledger: Ledger,
     hooks: Hooks,
     event: str,
     entry: Entry,
@@ -51,7 +52,7 @@ def fire_task_event(
 
 
 def record_creation_hooks(
-    context: dg.AssetExecutionContext, ledger: RunLedger, request: EntryRequest, entry: Entry
+    context: dg.AssetExecutionContext, ledger: Ledger, request: EntryRequest, entry: Entry
 ) -> None:
     """A schedule/sensor run's creation outcomes (``dueledger/hooks`` tag) onto its entry,
     once: at the first attempt (automatic retries copy the tag)."""

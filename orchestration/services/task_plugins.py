@@ -42,9 +42,11 @@ from orchestration.services.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
 from orchestration.services.hooks.loading import plugin_items
 from orchestration.services.hooks.model import cut_text, error_text
 from orchestration.tasks import TASKS
+from resources.core.config_files import ConfigFileError, read_config_file
 from resources.core.registry import TaskSpec, TaskSpecError, find_task, validate_spec
 from resources.core.settings import ENV_PLUGIN_TASKS, Settings, load_settings
 from resources.core.tags import SOURCE_CORE, SOURCE_PLUGIN_PREFIX
+from resources.core.text import printable
 
 ENTRY_POINT_GROUP: Final = "dueledger.tasks"
 LOGGER: Final = logging.getLogger("dueledger.tasks")
@@ -255,15 +257,15 @@ def _error_text(exc: BaseException) -> str:
 
 def _config_allow(path: Path, errors: list[PluginLoadError]) -> list[str]:
     """``[tasks] allow = [...]`` of the DUELEDGER_HOOKS_FILE (a missing table: nothing)."""
-    where = f"{ENV_HOOKS_FILE}={path}"
+    where = f"{ENV_HOOKS_FILE}={printable(str(path))}"
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(read_config_file(path, where))  # bounded: /dev/zero fails fast
     except FileNotFoundError:
         errors.append(PluginLoadError(ERROR_CONFIG, str(path), f"{where}: file does not exist"))
         return []
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        errors.append(PluginLoadError(ERROR_CONFIG, str(path), f"{where}: {_error_text(exc)}"))
+    except (ConfigFileError, tomllib.TOMLDecodeError) as exc:
+        text = str(exc) if isinstance(exc, ConfigFileError) else f"{where}: {_error_text(exc)}"
+        errors.append(PluginLoadError(ERROR_CONFIG, str(path), text))
         return []
     table = data.get(CONFIG_TABLE, {})
     if not isinstance(table, Mapping):

@@ -20,7 +20,7 @@ from resources.core import tags as t
 from resources.core.alerting import entry_subject
 from resources.core.due import Due
 from resources.core.registry import TaskSpec
-from resources.ledger import Entry, RunLedger
+from resources.ledger import Entry, Ledger
 
 #: Lease an unsupported entry is held with between its claim and its failure (an instant).
 UNSUPPORTED_LEASE: Final = timedelta(minutes=5)
@@ -51,7 +51,7 @@ class UnsupportedEnd:
 
 
 def end_unsupported(
-    ledger: RunLedger,
+    ledger: Ledger,
     *,
     task_key: str,
     trigger: str,

@@ -18,7 +18,6 @@ the file, else its default::
     url = "https://hooks.slack.com/services/T0/B0/XXXX"   # DUELEDGER_ALERT_WEBHOOK_URL
     format = "slack"                      # DUELEDGER_ALERT_WEBHOOK_FORMAT: json | slack
     timeout_seconds = 5                   # DUELEDGER_ALERT_TIMEOUT_SECONDS
-
     [email]
     to = ["oncall@example.org"]           # DUELEDGER_ALERT_EMAIL_TO (comma-separated)
     from = "dueledger@example.org"        # DUELEDGER_ALERT_EMAIL_FROM
@@ -32,19 +31,28 @@ the file, else its default::
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from resources.core import tags
+from resources.core.config_files import ConfigFileError, read_config_file
 from resources.core.due import format_due
 from resources.core.settings import SettingsError
+from resources.core.text import bad_character, printable
+from resources.core.webhook_url import (
+    WebhookTarget,
+    mask_webhook_url,
+    parse_webhook_url,
+    scrub_webhook_text,
+)
 
 # --- kinds and subjects ---------------------------------------------------------------------
 
@@ -55,6 +63,8 @@ KIND_RETRY_LOST: Final = "retry_lost"  # ledger_outcome_sensor: Dagster lost a r
 KIND_UNSUPPORTED_TASK: Final = tags.FAILURE_UNSUPPORTED_TASK  # the run of a removed task
 KIND_SLOT_HEALTH: Final = "slot_health"  # slot_health_sensor, once per slot
 KIND_LIVENESS: Final = "liveness"  # `dueledger liveness --alert`
+KIND_TASK_PAUSED: Final = "task_paused"  # ledger_policy_sensor: pause_after_failures paused it
+KIND_DEADLINE_MISSED: Final = "deadline_missed"  # ledger_policy_sensor: a due passed its deadline
 #: Every alert kind dueledger emits (a ``kinds`` filter may name only these).
 ALERT_KINDS: Final = (
     KIND_LEASE_RECLAIMED,
@@ -64,6 +74,8 @@ ALERT_KINDS: Final = (
     KIND_UNSUPPORTED_TASK,
     KIND_SLOT_HEALTH,
     KIND_LIVENESS,
+    KIND_TASK_PAUSED,
+    KIND_DEADLINE_MISSED,
 )
 
 #: Longest subject key the delivery records hold.
@@ -128,21 +140,6 @@ def attempt_lease(timeout_seconds: float) -> timedelta:
     return timedelta(seconds=max(60.0, 4 * timeout_seconds))
 
 
-def mask_webhook_url(url: str) -> str:
-    """A webhook URL safe to print: scheme and host only; its path and query (where
-    incoming-webhook tokens live) and any user info become ``***``."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparseable webhook URL>"
-    if not parts.scheme or not host:
-        return "<unparseable webhook URL>"
-    secret = parts.path not in ("", "/") or parts.query or parts.fragment
-    return f"{parts.scheme}://{host}{port}/{'***' if secret else ''}"
-
-
 # --- settings -------------------------------------------------------------------------------
 
 ENV_ALERTS_FILE: Final = "DUELEDGER_ALERTS_FILE"
@@ -197,6 +194,16 @@ class WebhookSettings:
     @property
     def masked_url(self) -> str:
         return mask_webhook_url(self.url)
+
+    @property
+    def target(self) -> WebhookTarget:
+        """Where to post and with which credentials (the URL was checked when read)."""
+        return parse_webhook_url(self.url)
+
+    def scrub(self, text: str) -> str:
+        """``text`` without any secret part of this webhook's URL (see
+        :func:`scrub_webhook_text`)."""
+        return scrub_webhook_text(text, self.url)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -296,7 +303,16 @@ def _text(value: _Value, fix: str) -> str | None:
         return None
     if not isinstance(value.raw, str) or not value.raw.strip():
         raise _fail(value, f"must be a non-empty string; {fix}")
+    _plain(value, value.raw)
     return value.raw.strip()
+
+
+def _plain(value: _Value, text: str) -> None:
+    """Refuse a value with a control character, a byte that is not UTF-8 or a bidirectional
+    override: it would break a header, a log line or a terminal (resources/core/text.py)."""
+    problem = bad_character(text)
+    if problem is not None:
+        raise _fail(value, f"{problem}; write it as plain text")
 
 
 def _number(value: _Value, default: float, low: float, high: float, what: str) -> float:
@@ -348,6 +364,8 @@ def _items(value: _Value) -> list[str] | None:
         raise _fail(value, "must be a comma-separated string or an array of strings")
     if not items or any(not x for x in items):
         raise _fail(value, "has an empty item; separate the items with single commas")
+    for item in items:
+        _plain(value, item)
     return items
 
 
@@ -371,17 +389,12 @@ def _webhook(source: _Source, kinds: frozenset[str] | None) -> WebhookSettings |
     url = _text(url_value, fix)
     if url is None:
         return None
-    parts = urlsplit(url)
     try:
-        has_host = bool(parts.hostname)
-        parts.port  # noqa: B018 - raises for a port that is not a number
-    except ValueError:
-        has_host = False
-    if parts.scheme not in ("http", "https") or not has_host:
+        parse_webhook_url(url)
+    except ValueError as exc:
         raise AlertSettingsError(
-            f"{url_value.where} ({mask_webhook_url(url)}) is not an http:// or https:// URL "
-            f"with a host; {fix}"
-        )
+            f"{url_value.where} ({mask_webhook_url(url)}) {exc}; {fix}"
+        ) from None
     format_value = source.get(CHANNEL_WEBHOOK, "format", ENV_WEBHOOK_FORMAT)
     chosen = (_text(format_value, "use json or slack") or FORMAT_JSON).lower()
     if chosen not in WEBHOOK_FORMATS:
@@ -395,6 +408,20 @@ def _webhook(source: _Source, kinds: frozenset[str] | None) -> WebhookSettings |
     )
     own = _kinds(source.get(CHANNEL_WEBHOOK, "kinds", ENV_KINDS))
     return WebhookSettings(url, chosen, timeout, own if own is not None else kinds)
+
+
+_HOST_NAME: Final = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?$")
+
+
+def _is_host(text: str) -> bool:
+    """A DNS name (letters, digits, ``.-_``) or an IP address, as smtplib connects to it."""
+    if _HOST_NAME.match(text):
+        return True
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _email(source: _Source, kinds: frozenset[str] | None) -> EmailSettings | None:
@@ -416,9 +443,15 @@ def _email(source: _Source, kinds: frozenset[str] | None) -> EmailSettings | Non
             f"alert email is configured ({to_value.where}) but {host_value.where} is not set: "
             f"set it to the SMTP server's host name"
         )
+    if not _is_host(host):
+        raise _fail(
+            host_value,
+            f"is not a host name or IP address; give the name only (e.g. smtp.example.org), "
+            f"the port goes in {ENV_SMTP_PORT}",
+        )
     from_value = source.get(CHANNEL_EMAIL, "from", ENV_EMAIL_FROM)
     sender = _text(from_value, "set it to the From address, e.g. dueledger@example.org")
-    if sender is None or "@" not in sender:
+    if sender is None or "@" not in sender or any(c.isspace() for c in sender):
         raise AlertSettingsError(
             f"alert email is configured ({to_value.where}) but {from_value.where} is "
             f"{'not set' if sender is None else f'{sender!r}, not an address'}: set it to the "
@@ -455,24 +488,28 @@ def _email(source: _Source, kinds: frozenset[str] | None) -> EmailSettings | Non
 
 
 def _read_file(path_text: str) -> tuple[dict[str, Any], str]:
-    label = f"{ENV_ALERTS_FILE}={path_text}"
+    label = f"{ENV_ALERTS_FILE}={printable(path_text)}"
+    problem = bad_character(path_text)
+    if problem is not None:
+        raise AlertSettingsError(f"{label} {problem}; name the file by a plain path")
     path = Path(path_text).expanduser()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_config_file(path, label))
     except FileNotFoundError:
         raise AlertSettingsError(
             f"{label}: the file does not exist; create it (see docs/operations.md, "
             f"'Alert delivery') or unset {ENV_ALERTS_FILE}"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AlertSettingsError(f"{label}: cannot read the file: {exc}") from None
+    except ConfigFileError as exc:
+        raise AlertSettingsError(f"{exc} (see docs/operations.md, 'Alert delivery')") from None
     except tomllib.TOMLDecodeError as exc:
         raise AlertSettingsError(f"{label}: not valid TOML: {exc}") from None
     known = {*_TOP_KEYS, *_TABLES}
     unknown = sorted(set(data) - known)
     if unknown:
         raise AlertSettingsError(
-            f"{label}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            f"{label}: unknown key(s) {printable(', '.join(unknown))}; known: "
+            f"{', '.join(sorted(known))}"
         )
     for table, keys in _TABLES.items():
         section = data.get(table, {})
@@ -481,7 +518,7 @@ def _read_file(path_text: str) -> tuple[dict[str, Any], str]:
         extra = sorted(set(section) - set(keys))
         if extra:
             raise AlertSettingsError(
-                f"{label}: unknown key(s) {', '.join(extra)} in [{table}]; known: "
+                f"{label}: unknown key(s) {printable(', '.join(extra))} in [{table}]; known: "
                 f"{', '.join(sorted(keys))}"
             )
     return data, label

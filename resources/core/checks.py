@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
+from resources.core.text import check_plain
+
 #: The longest ``--reason``: it is stored on the entry and its audit and is a tag of the run
 #: (shown on the Runs page); longer context belongs in a ticket or document it links to.
 MAX_REASON_CHARS: Final = 2000
@@ -41,7 +43,8 @@ def check_reason(reason: str, what: str) -> str:
             f"--reason is {len(text)} characters; at most {MAX_REASON_CHARS} are kept with the "
             f"entry and its run: shorten it and link to the details (a ticket, a document)"
         )
-    return text
+    # Stored, tagged and printed: bytes that are not UTF-8 cannot be, escapes must not be.
+    return check_plain(text, "--reason", allow_layout=True)
 
 
 def check_request_id(request_id: str) -> str:
@@ -54,4 +57,4 @@ def check_request_id(request_id: str) -> str:
             f"--request-id is {len(text)} characters; at most {MAX_REQUEST_ID_CHARS} are "
             f"allowed (use a short id, such as a ticket number or a UUID)"
         )
-    return text
+    return check_plain(text, "--request-id")

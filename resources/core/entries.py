@@ -88,3 +88,13 @@ def origin_of(dedup_key: str) -> str:
             f"{', '.join(o + ':' for o in ORIGINS)} (use the dedup_key_for_* helpers)"
         )
     return prefix
+
+
+#: The audit action of a run the ledger did not let act (a duplicate or late run, a refused
+#: UI re-execution, a manual launch of a task that is not manually triggerable): one record
+#: per refused run, which `dueledger summary` counts as ``refused_24h``.
+ACTION_RUN_REFUSED: Final = "run_refused"
+#: The audit action of a run whose entry ended ``skipped`` (overlap, a pause): one per run.
+ACTION_RUN_SKIPPED: Final = "run_skipped"
+#: The audit action of a run a newer run of its task replaced (overlap ``replace``).
+ACTION_RUN_REPLACED: Final = "run_replaced"

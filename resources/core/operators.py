@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from resources.core.config_files import ConfigFileError, read_config_file
 from resources.core.settings import ENV_OPERATORS, SettingsError
+from resources.core.text import printable
 
 ROLE_VIEWER: Final = "viewer"
 ROLE_RETRIER: Final = "retrier"
@@ -158,20 +160,19 @@ def load_operators(path: str | None) -> Operators:
     if not path or not path.strip():
         return Operators(source=f"{ENV_OPERATORS} not set", local=True)
     file = Path(path).expanduser()
-    if not file.exists():
+    try:
+        text = read_config_file(file, f"{ENV_OPERATORS}={printable(path)}")
+    except FileNotFoundError:
         raise OperatorsFileError(
-            f"{ENV_OPERATORS}={path} names a file that does not exist; create the "
+            f"{ENV_OPERATORS}={printable(path)} names a file that does not exist; create the "
             f"allow-list there (docs/operators.md) or unset {ENV_OPERATORS} for the single "
             f"local operator"
-        )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OperatorsFileError(
-            f"cannot read operators file {file}: {exc}; it must be a UTF-8 TOML file "
-            f"(docs/operators.md)"
         ) from None
-    return parse_operators(text, str(file))
+    except ConfigFileError as exc:
+        raise OperatorsFileError(
+            f"{exc}; the allow-list must be a UTF-8 TOML file (docs/operators.md)"
+        ) from None
+    return parse_operators(text, printable(str(file)))
 
 
 def operators_from_env(environ: Mapping[str, str] | None = None) -> Operators:
@@ -181,14 +182,15 @@ def operators_from_env(environ: Mapping[str, str] | None = None) -> Operators:
     return load_operators(env.get(ENV_OPERATORS))
 
 
-def check_operator_name(name: str) -> str:
-    """A usable operator name, stripped; InvalidInput-worthy problems raise ValueError."""
+def check_operator_name(name: str, what: str = "--operator") -> str:
+    """A usable operator name, stripped; InvalidInput-worthy problems raise ValueError
+    naming ``what`` (the flag, or ``DUELEDGER_IDENTITY`` for the caller's identity)."""
     text = (name or "").strip()
     if not text:
-        raise ValueError("--operator must name who acts (it is recorded in the audit)")
+        raise ValueError(f"{what} must name who acts (it is recorded in the audit)")
     if not _NAME.match(text):
         raise ValueError(
-            f"--operator {name!r} must be 1-200 characters of letters, digits and . _ @ + - "
+            f"{what} {name!r} must be 1-200 characters of letters, digits and . _ @ + - "
             f"(starting with a letter or digit)"
         )
     return text

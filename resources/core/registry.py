@@ -1,8 +1,9 @@
-"""Typed task specifications, their validation, and the schedule plan each rule implies.
+"""Typed task specifications, their validation, and the view each implies.
 
 A task is declared once (see ``orchestration/tasks.py``); everything Dagster sees — the
-job, the schedule, its cron and timezone, tags, descriptions — is derived from it here
-and in ``orchestration/factory.py``. Nothing in this module imports Dagster.
+job, the schedule, its cron and timezone, tags, descriptions — is derived from it here,
+in ``resources/core/plans.py`` (rules, schedule plans, ticks) and in
+``orchestration/factory.py``. Nothing in this module imports Dagster.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from resources.core.due import Due, format_due
+from resources.core.due import Due
 from resources.core.instants import as_utc
-from resources.core.slots import (
-    Cadence,
-    cron_cadence,
-    cron_effective_cadence,
-    first_fire_in_slot,
-    is_valid_cron,
-    slot_aligned_cron,
-    slot_index,
+from resources.core.plans import (
+    Cron,
+    EverySlots,
+    NthSlotOfDay,
+    Rule,
+    SchedulePlan,
+    local_cron,
+    schedule_plan,
 )
+from resources.core.policies import OVERLAP_QUEUE, policy_problem
+from resources.core.slots import Cadence, cron_cadence, cron_effective_cadence, is_valid_cron
 from resources.core.tags import (
     DAGSTER_MAX_RETRIES,
     DAGSTER_MAX_RUNTIME,
@@ -36,8 +39,6 @@ from resources.core.tags import (
 STRICT_CURRENT_SLOT = "strict_current_slot"
 CATCH_UP = "catch_up"
 MISSED_SLOT_POLICIES = (STRICT_CURRENT_SLOT, CATCH_UP)
-OVERLAP_QUEUE = "queue"
-OVERLAP_POLICIES = (OVERLAP_QUEUE,)
 #: A catch-up window longer than this would let a long outage replay a flood of dues.
 MAX_CATCH_UP_WINDOW = timedelta(days=7)
 #: Partitioning a task's asset may declare: one partition per UTC day (backfills by day).
@@ -47,41 +48,6 @@ PARTITION_SCHEMES = (PARTITIONS_DAILY,)
 DAILY_PARTITIONS_START = "2025-01-01"
 
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-
-
-# --- rules ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Cron:
-    """Run at the fires of a five-field cron expression, read in the configured timezone."""
-
-    expression: str
-
-    def describe(self) -> str:
-        return f"cron '{self.expression}'"
-
-
-@dataclass(frozen=True)
-class EverySlots:
-    """Run every ``n`` slots, counted from 1970-01-01T00:00Z (so ``n=4`` on 15-minute
-    slots runs on the UTC hour)."""
-
-    n: int
-
-    def describe(self) -> str:
-        return f"every {self.n} slot{'s' if self.n != 1 else ''}"
-
-
-@dataclass(frozen=True)
-class NthSlotOfDay:
-    """Run once a day, in slot number ``n`` (0-based) of the day in the configured timezone."""
-
-    n: int
-
-    def describe(self) -> str:
-        return f"slot {self.n} of the day"
-
-
-Rule = Cron | EverySlots | NthSlotOfDay
 
 
 class TaskSpecError(ValueError):
@@ -113,7 +79,16 @@ class TaskSpec:
     manual_trigger: bool = True
     missed_slot_policy: str = STRICT_CURRENT_SLOT
     catch_up_window: timedelta | None = None
+    #: What a run does when the task is already running (resources/core/policies.py).
     overlap_policy: str = OVERLAP_QUEUE
+    #: The task's runs may overlap without harm (required by overlap_policy="allow").
+    concurrent_safe: bool = False
+    #: After this many consecutive final failures the task pauses itself (None: never).
+    pause_after_failures: int | None = None
+    #: A due not ``success`` this long after it raises ``deadline_missed`` (None: no deadline).
+    deadline: timedelta | None = None
+    #: IANA zone its Cron / NthSlotOfDay rule is read in (None: ``DUELEDGER_TIMEZONE``).
+    timezone: str | None = None
     #: None, or "daily": the asset has UTC-daily partitions and each scheduled run
     #: targets the partition of its due's day (so the UI can backfill by day).
     partitions: str | None = None
@@ -136,33 +111,6 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
-class SchedulePlan:
-    """How a rule maps onto one Dagster schedule.
-
-    ``cron`` fires at least at every due (possibly more often); an evaluation keeps a
-    fire only when it is the first of its slot and, with ``every_n_slots``, when the
-    slot lies on the rule's grid.
-    """
-
-    cron: str
-    timezone: str
-    every_n_slots: int | None = None
-
-
-@dataclass(frozen=True)
-class TickDecision:
-    """What one schedule evaluation at a scheduled time decides."""
-
-    due: Due
-    skip_reason: str | None = None
-
-    @property
-    def due_key(self) -> str:
-        """The due's text: the request's run key and its ``dueledger/due`` tag."""
-        return self.due.text
-
-
-@dataclass(frozen=True)
 class TaskView:
     """A task with everything derived from the slot and timezone (what `tasks` shows)."""
 
@@ -172,6 +120,13 @@ class TaskView:
     effective: Cadence
     slot_minutes: int
     warnings: tuple[str, ...] = field(default=())
+    #: The zone the task's rule is read in (its ``timezone``, else ``DUELEDGER_TIMEZONE``).
+    zone: str = "UTC"
+
+    @property
+    def rule_zone(self) -> str:
+        """The zone the rule is read in: UTC for ``EverySlots``, else the task's zone."""
+        return "UTC" if isinstance(self.spec.rule, EverySlots) else self.zone
 
     def as_json(self) -> dict[str, object]:
         s = self.spec
@@ -184,7 +139,9 @@ class TaskView:
             "effective_interval_minutes": self.effective.minutes,
             "slot_minutes": self.slot_minutes,
             "cron": self.plan.cron,
-            "timezone": self.plan.timezone,
+            "timezone": self.rule_zone,
+            "schedule_crons": list(self.plan.crons),
+            "schedule_timezone": self.plan.timezone,
             "job": s.job_name,
             "schedule": s.schedule_name,
             "asset": s.asset,
@@ -197,67 +154,23 @@ class TaskView:
                 int(s.catch_up_window.total_seconds()) if s.catch_up_window else None
             ),
             "overlap_policy": s.overlap_policy,
+            "concurrent_safe": s.concurrent_safe,
+            "pause_after_failures": s.pause_after_failures,
+            "deadline_seconds": int(s.deadline.total_seconds()) if s.deadline else None,
             "partitions": s.partitions,
             "source": s.source,
             "warnings": list(self.warnings),
         }
 
 
-def _grid_cron(minutes: int) -> str | None:
-    """A cron that fires exactly every ``minutes`` from UTC midnight, if one exists."""
-    if minutes < 60 and 60 % minutes == 0:
-        return f"*/{minutes} * * * *" if minutes > 1 else "* * * * *"
-    if minutes == 60:
-        return "0 * * * *"
-    if minutes % 60 == 0 and 1440 % minutes == 0:
-        hours = minutes // 60
-        return "0 0 * * *" if hours == 24 else f"0 */{hours} * * *"
-    return None
-
-
-def schedule_plan(rule: Rule, slot_minutes: int, timezone: str) -> SchedulePlan:
-    """Map a rule onto a Dagster cron + timezone (+ an optional every-N-slots filter)."""
-    if isinstance(rule, Cron):
-        # The schedule fires on the slot grid, so the UI's cron, "Next tick" and timeline
-        # show what runs; the declared cron stays in the rule (description, metadata).
-        return SchedulePlan(slot_aligned_cron(rule.expression, slot_minutes, timezone), timezone)
-    if isinstance(rule, EverySlots):
-        exact = _grid_cron(rule.n * slot_minutes)
-        if exact is not None:
-            return SchedulePlan(exact, "UTC")
-        slot_cron = _grid_cron(slot_minutes)
-        assert slot_cron is not None  # slot length divides a day (settings validates it)
-        return SchedulePlan(slot_cron, "UTC", every_n_slots=rule.n)
-    minutes = rule.n * slot_minutes
-    return SchedulePlan(f"{minutes % 60} {minutes // 60} * * *", timezone)
-
-
-def decide_tick(plan: SchedulePlan, scheduled_time: datetime, slot_minutes: int) -> TickDecision:
-    """Pure schedule evaluation: the due of a scheduled time, or why this tick is skipped."""
-    due = Due.of_slot(scheduled_time, slot_minutes)
-    key = due.text
-    if not first_fire_in_slot(plan.cron, scheduled_time, slot_minutes, plan.timezone):
-        return TickDecision(
-            due,
-            f"tick at {format_due(scheduled_time)} is not the first of slot {key} "
-            f"({slot_minutes}-minute slots): the slot's run was requested by an earlier tick",
-        )
-    if plan.every_n_slots and slot_index(due.at, slot_minutes) % plan.every_n_slots:
-        return TickDecision(
-            due, f"slot {key} is not on this task's every-{plan.every_n_slots}-slots grid"
-        )
-    return TickDecision(due)
-
-
 def _cadences(rule: Rule, slot_minutes: int, timezone: str) -> tuple[Cadence, Cadence]:
-    if isinstance(rule, Cron):
+    if isinstance(rule, Cron | NthSlotOfDay):
+        expression = local_cron(rule, slot_minutes)
         return (
-            cron_cadence(rule.expression, timezone),
-            cron_effective_cadence(rule.expression, slot_minutes, timezone),
+            cron_cadence(expression, timezone),
+            cron_effective_cadence(expression, slot_minutes, timezone),
         )
-    if isinstance(rule, EverySlots):
-        return Cadence(rule.n * slot_minutes), Cadence(rule.n * slot_minutes)
-    return Cadence(1440), Cadence(1440)
+    return Cadence(rule.n * slot_minutes), Cadence(rule.n * slot_minutes)
 
 
 def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
@@ -328,12 +241,15 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
             f"unknown scheme {spec.partitions!r}; "
             f"use None or one of {', '.join(PARTITION_SCHEMES)}",
         )
-    if spec.overlap_policy not in OVERLAP_POLICIES:
-        raise TaskSpecError(
-            key,
-            "overlap_policy",
-            f"unknown policy {spec.overlap_policy!r}; use one of {', '.join(OVERLAP_POLICIES)}",
-        )
+    problem = policy_problem(
+        overlap_policy=spec.overlap_policy,
+        concurrent_safe=spec.concurrent_safe,
+        pause_after_failures=spec.pause_after_failures,
+        deadline=spec.deadline,
+        timezone=spec.timezone,
+    )
+    if problem is not None:
+        raise TaskSpecError(key, *problem)
     source = spec.source
     if source != SOURCE_CORE and not (
         isinstance(source, str)
@@ -361,8 +277,9 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
         if spec.key in seen:
             raise TaskSpecError(spec.key, "key", "is declared twice; task keys must be unique")
         seen.add(spec.key)
-        plan = schedule_plan(spec.rule, slot_minutes, timezone)
-        declared, effective = _cadences(spec.rule, slot_minutes, timezone)
+        zone = spec.timezone or timezone
+        plan = schedule_plan(spec.rule, slot_minutes, zone)
+        declared, effective = _cadences(spec.rule, slot_minutes, zone)
         notes: list[str] = []
         if declared.minutes < effective.minutes:
             notes.append(
@@ -371,7 +288,9 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
             )
         for note in notes:
             warnings.warn(note, UserWarning, stacklevel=2)
-        views.append(TaskView(spec, plan, declared, effective, slot_minutes, tuple(notes)))
+        views.append(
+            TaskView(spec, plan, declared, effective, slot_minutes, tuple(notes), zone=zone)
+        )
     return views
 
 

@@ -54,6 +54,7 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
 
     - manual_retry (``dueledger/parent_entry``)   -> ``retry:<parent entry id>``
     - schedule / sensor (``dueledger/due``)       -> ``due:<due>``
+    - manual with ``dueledger/due`` (catch-up)    -> ``due:<due>``
     - backfill (``dagster/backfill`` + partition) -> ``backfill:<id>:<partition>``
     - manual (``dueledger/request_id``)           -> ``manual:<request id>``
     - no dueledger trigger (UI launchpad run)     -> ``manual:<root run id>``
@@ -90,6 +91,12 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
     if trigger in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) and t.TAG_DUE in tags:
         due = Due.parse(tags[t.TAG_DUE])
         return EntryRequest(task_key, trigger, due.key, due=due)
+    if trigger == t.TRIGGER_MANUAL and t.TAG_DUE in tags:
+        # `dueledger catch-up`: an operator's run of a past due is that due's run.
+        due = Due.parse(tags[t.TAG_DUE])
+        return EntryRequest(
+            task_key, t.TRIGGER_MANUAL, due.key, due=due, operator=operator, reason=reason
+        )
     if trigger == t.TRIGGER_MANUAL and tags.get(t.TAG_REQUEST_ID):
         return EntryRequest(
             task_key,
@@ -167,3 +174,33 @@ def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec])
     asset stayed): such a run is unsupported.
     """
     return task_key == spec.key or find_task(tasks, task_key) is not None
+
+
+def unissued_launch(spec: TaskSpec, request: EntryRequest, tags: Mapping[str, str]) -> str | None:
+    """Why a run of ``spec``'s task may not act: the task is not manually triggerable and the
+    run was not launched by anything dueledger issued. None: it may act.
+
+    Issued are: a run of the task's own schedule (Dagster tags it ``dagster/schedule_name``),
+    a run of a sensor (``dagster/sensor_name``: re-dispatch, catch-up) and a backfill run
+    (``dagster/backfill``); Dagster copies these tags onto its automatic retries. A manual
+    retry is the retry rules' to decide (they check the manual trigger themselves). Anything
+    else -- the launchpad, "Materialize", GraphQL ``launchRun``, ``dagster job launch``, a
+    run with hand-typed dueledger tags -- is a manual launch, whatever it claims to be.
+    """
+    if spec.manual_trigger or request.trigger == t.TRIGGER_MANUAL_RETRY:
+        return None
+    if request.trigger == t.TRIGGER_BACKFILL and tags.get(t.DAGSTER_BACKFILL):
+        return None
+    if request.trigger == t.TRIGGER_SCHEDULE and tags.get(t.DAGSTER_SCHEDULE_NAME) == (
+        spec.schedule_name
+    ):
+        return None
+    if request.trigger == t.TRIGGER_SENSOR and tags.get(t.DAGSTER_SENSOR_NAME):
+        return None
+    who = request.operator or UI_OPERATOR
+    return (
+        f"task {spec.key!r} is not manually triggerable: only its schedule, dueledger's "
+        f"sensors and backfills run it, and this run was launched by hand (operator {who}); "
+        f"it does nothing. Set manual_trigger=True in orchestration/tasks.py if manual runs "
+        f"are safe for it"
+    )

@@ -32,6 +32,10 @@ DISPATCH_FAILURE_FROM: Final = DISPATCHABLE_STATUSES
 REDISPATCH_FROM: Final = (tags.STATUS_DISPATCH_FAILED,)
 RECLAIM_FROM: Final = (tags.STATUS_RUNNING,)
 SETTLE_FROM: Final = (tags.STATUS_RUNNING, tags.STATUS_RETRYING)
+#: An entry not run (overlap, pause) ends ``skipped`` from a state no run has claimed yet.
+SKIP_FROM: Final = (tags.STATUS_QUEUED,)
+#: A newer run replaces an entry that is running, or waiting for its retry.
+REPLACE_FROM: Final = (tags.STATUS_RUNNING, tags.STATUS_RETRYING)
 
 
 class EntryState(Protocol):
@@ -124,6 +128,8 @@ def claim_refusal(entry: EntryState) -> str:
         return f"{subject} is already {state_words(entry)}: duplicate run, nothing done"
     if entry.status == tags.STATUS_DISPATCH_FAILED:
         return f"{subject} is dispatch_failed: it must be re-dispatched before a run may claim it"
+    if entry.status == tags.STATUS_SKIPPED:
+        return f"{subject} was skipped ({entry.error or 'no reason recorded'}): nothing done"
     if entry.status in CLAIMABLE_STATUSES:
         return (
             f"{subject} is {entry.status} but its attempts are exhausted "
@@ -208,13 +214,27 @@ def holds(entry: EntryState, fence: Fence, *, effect: str) -> Decision:
     )
 
 
-def will_retry(entry: EntryState, kind: str) -> bool:
-    """A failed attempt is retried while attempts are left, never for an unsupported task."""
-    return entry.attempt < entry.max_attempts and kind != tags.FAILURE_UNSUPPORTED_TASK
+def will_retry(entry: EntryState, kind: str, *, retry_coming: bool = True) -> bool:
+    """A failed attempt is retried while attempts are left and a retry will really come
+    (``retry_coming``: Dagster will launch one), never for an unsupported task."""
+    return (
+        retry_coming
+        and entry.attempt < entry.max_attempts
+        and kind != tags.FAILURE_UNSUPPORTED_TASK
+    )
 
 
-def fail(entry: EntryState, run_id: str, *, kind: str, error: str, now: datetime) -> Decision:
-    """The owner's run failed: ``running -> retrying`` with attempts left, else ``failed``.
+def fail(
+    entry: EntryState,
+    run_id: str,
+    *,
+    kind: str,
+    error: str,
+    now: datetime,
+    retry_coming: bool = True,
+) -> Decision:
+    """The owner's run failed: ``running -> retrying`` with attempts left and a retry coming
+    (DESIGN rule 2: ``retrying`` only while a retry will really come), else ``failed``.
 
     A retrying entry is not finished: only the last attempt stamps ``finished_at``.
     """
@@ -225,7 +245,7 @@ def fail(entry: EntryState, run_id: str, *, kind: str, error: str, now: datetime
             f"late failure report from run {run_id} ({kind}: {first_line}): "
             f"{who(entry)} is {state_words(entry)}; nothing changed"
         )
-    retry = will_retry(entry, kind)
+    retry = will_retry(entry, kind, retry_coming=retry_coming)
     changes: dict[str, Any] = {
         "status": tags.STATUS_RETRYING if retry else tags.STATUS_FAILED,
         "failure_kind": kind,
@@ -322,3 +342,41 @@ def settle_unretried(
     if owned or not entry.error:
         changes.update(failure_kind=kind, error=error)
     return Decision(changes)
+
+
+def skip(entry: EntryState, *, reason: str, now: datetime) -> Decision:
+    """``queued -> skipped``: the entry is not run, on purpose (overlap, a pause), and its
+    ``error`` text says why (``overlap: entry 12 running``). Terminal: nothing claims it."""
+    if entry.status not in SKIP_FROM:
+        return _refused(f"{who(entry)} is {state_words(entry)}: only a queued entry is skipped")
+    return Decision(
+        {
+            "status": tags.STATUS_SKIPPED,
+            "error": reason,
+            "finished_at": now,
+            "updated_at": now,
+        }
+    )
+
+
+def replace(entry: EntryState, *, by_entry: int, by_run: str, now: datetime) -> Decision:
+    """Overlap ``replace``: a newer run (``by_run``, claiming entry ``by_entry``) ends the
+    entry's run: ``running|retrying -> failed`` (kind ``replaced``), lease cleared, so the old
+    run's fence refuses every side effect from here on."""
+    if entry.status not in REPLACE_FROM:
+        return _refused(f"{who(entry)} is {state_words(entry)}: nothing to replace")
+    owner = f"run {entry.lease_owner}" if entry.lease_owner else "its retry"
+    return Decision(
+        {
+            "status": tags.STATUS_FAILED,
+            "failure_kind": tags.FAILURE_REPLACED,
+            "error": (
+                f"replaced by entry {by_entry} (run {by_run}): overlap policy 'replace' ended "
+                f"{owner}; its side effects commit nothing from the replacement's claim on"
+            ),
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "finished_at": now,
+            "updated_at": now,
+        }
+    )

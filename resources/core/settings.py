@@ -16,6 +16,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from resources.core.text import bad_character, printable
+
 ENV_SLOT_MINUTES = "DUELEDGER_SLOT_MINUTES"
 ENV_TIMEZONE = "DUELEDGER_TIMEZONE"
 ENV_DATABASE_URL = "DUELEDGER_DATABASE_URL"
@@ -85,14 +87,101 @@ def parse_timezone(raw: str | None) -> str:
     return name
 
 
+def parse_plugin_tasks(raw: str | None) -> tuple[str, ...]:
+    """The plugin tasks allowed by ``DUELEDGER_PLUGIN_TASKS`` (comma-separated task keys or
+    plugin names); an empty item or one with a control character is refused, as in
+    ``DUELEDGER_ALERT_KINDS``."""
+    if raw is None or not raw.strip():
+        return ()
+    items = [item.strip() for item in raw.split(",")]
+    if any(not item for item in items):
+        raise SettingsError(
+            f"{ENV_PLUGIN_TASKS}={printable(raw)!r} has an empty item; separate the task keys "
+            f"or plugin names with single commas (e.g. invoice_export,acme-tasks)"
+        )
+    for item in items:
+        problem = bad_character(item)
+        if problem is not None:
+            raise SettingsError(
+                f"{ENV_PLUGIN_TASKS} item {printable(item)!r} {problem}; name task keys or "
+                f"plugin names in plain text"
+            )
+    return tuple(items)
+
+
+def _check_plain_variable(variable: str, value: str | None, *, secret: bool = False) -> None:
+    """A variable's value with a byte that is not UTF-8 or a control character is refused
+    before anything uses it (a driver or a terminal would fail on it later, less clearly)."""
+    problem = bad_character(value or "")
+    if problem is not None:
+        shown = "" if secret else f"={printable(value or '')!r}"
+        raise SettingsError(f"{variable}{shown} {problem}; set it to plain text")
+
+
+def check_database_url(variable: str, url: str) -> None:
+    """SettingsError when ``url`` cannot be the shared database it must be: a host or port
+    that cannot be read, or a SQLite database other processes cannot share.
+
+    The ledger and the source store are shared by the daemon, every run and every CLI call.
+    An in-memory database (``sqlite://``, ``:memory:``, ``mode=memory``) lives and dies
+    with one process, so a launch recorded there vanishes when the command exits; a
+    relative path is a different file in each working directory.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # the engine names a URL it cannot parse
+    except ValueError:  # e.g. `@[::1/db`: the port is read from what follows the colon
+        raise SettingsError(
+            f"{variable}={mask_url(url)} has a host or port that cannot be read (an IPv6 "
+            f"address is written in brackets: postgresql+psycopg2://user:pw@[::1]:5432/db)"
+        ) from None
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise SettingsError(f"{variable}={mask_url(url)} has a port outside 1-65535")
+    if parsed.host is not None and any(c.isspace() for c in parsed.host):
+        raise SettingsError(f"{variable}={mask_url(url)} has a space in its host name")
+    if parsed.get_backend_name() != "sqlite":
+        return
+    database = parsed.database or ""
+    path = database.removeprefix("file:").partition("?")[0]
+    shown = mask_url(url).replace("%3A", ":")  # sqlite:///:memory: as it was written
+    fix = (
+        f"set {variable} to a file by its absolute path, e.g. "
+        f"sqlite:////var/lib/dueledger/ledger.sqlite (four slashes), or a PostgreSQL URL"
+    )
+    in_memory = (
+        path in ("", ":memory:")
+        or parsed.query.get("mode") == "memory"
+        or "mode=memory" in database
+    )
+    if in_memory:
+        raise SettingsError(
+            f"{variable}={shown} is an in-memory SQLite database: it vanishes when the "
+            f"process exits and no other process (the daemon, a run, the next command) sees "
+            f"it; {fix}"
+        )
+    if not Path(path).expanduser().is_absolute():
+        raise SettingsError(
+            f"{variable}={shown} is a relative SQLite path: each process would open "
+            f"its own file in its own working directory; {fix}"
+        )
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Decide the environment from the process environment (or the mapping given)."""
     env = os.environ if environ is None else environ
+    for variable in (ENV_DATABASE_URL, ENV_SOURCE_URL):
+        _check_plain_variable(variable, env.get(variable), secret=True)
+    for variable in (ENV_SLOT_MINUTES, ENV_TIMEZONE, ENV_OPERATORS, ENV_IDENTITY):
+        _check_plain_variable(variable, env.get(variable))
+    parse_plugin_tasks(env.get(ENV_PLUGIN_TASKS))
     home = Path(env.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
     ledger_url = env.get(ENV_DATABASE_URL) or _sqlite_url(home / "dueledger_ledger.sqlite")
     source_url = env.get(ENV_SOURCE_URL) or _sqlite_url(home / "dueledger_source.sqlite")
     for variable, url in ((ENV_DATABASE_URL, ledger_url), (ENV_SOURCE_URL, source_url)):
         check_userinfo(variable, url)
+        if env.get(variable):  # the defaults are files under DAGSTER_HOME
+            check_database_url(variable, url)
     environment = "local" if ledger_url.startswith("sqlite") else "production"
     return Settings(
         environment=environment,
@@ -145,7 +234,7 @@ def mask_url(url: str) -> str:
     secret-looking query value (``?password=...``) replaced by ``***``."""
     try:
         parsed = make_url(_mask_unencoded_userinfo(url))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return "<unparseable database URL>"
     secret = {
         key: "***"

@@ -68,14 +68,14 @@ def cadence_label(minutes: int) -> str:
 _SAMPLE_START = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, far from DST changes
 _SAMPLE_FIRES = 600
 _SAMPLE_SPAN = timedelta(days=400)
-#: A UTC cron that names no day, month or weekday fires the same way every day: two days of
+#: A cron that names no day, month or weekday fires the same way every day: two days of
 #: its fires hold every gap it ever has (within each day and across midnight).
 _DAILY_SPAN = timedelta(days=2)
 
 
-def _repeats_daily(cron: str, timezone: str) -> bool:
+def _repeats_daily(cron: str) -> bool:
     fields = cron.split()
-    return timezone == "UTC" and len(fields) == 5 and fields[2:] == ["*", "*", "*"]
+    return len(fields) == 5 and fields[2:] == ["*", "*", "*"]
 
 
 def cron_fire_times(cron: str, timezone: str, start: datetime, end: datetime) -> list[datetime]:
@@ -107,9 +107,11 @@ def _daily_fires(cron: str) -> tuple[datetime, ...] | None:
     same fires croniter would give (a test compares them). None when a field is not a plain
     list of numbers (croniter's own stepping then decides)."""
     fields, _ = croniter.expand(cron)
-    minutes = list(range(60)) if fields[0] == ["*"] else fields[0]
-    hours = list(range(24)) if fields[1] == ["*"] else fields[1]
-    if not all(isinstance(v, int) for v in (*minutes, *hours)):
+    minute_field = list(range(60)) if fields[0] == ["*"] else fields[0]
+    hour_field = list(range(24)) if fields[1] == ["*"] else fields[1]
+    minutes = [v for v in minute_field if isinstance(v, int)]
+    hours = [v for v in hour_field if isinstance(v, int)]
+    if len(minutes) != len(minute_field) or len(hours) != len(hour_field):
         return None
     day = sorted({h * 60 + m for h in hours for m in minutes})
     fires: list[datetime] = []
@@ -129,28 +131,28 @@ def _sample_fires(cron: str, timezone: str) -> tuple[datetime, ...]:
     """The first fires of ``cron`` (read in ``timezone``) after the sample start, as UTC
     instants: at most ``_SAMPLE_FIRES``, none later than ``_SAMPLE_SPAN`` after the start.
 
+    The zone is read at its offset of the sample start, all year: a cadence is the rule's,
+    not its DST days' (stepping through a clock change, a daily 02:00 cron would show fires
+    an hour apart, and "hourly"); resources/core/zoned.py applies the DST rule to dues.
     Loading the code location samples every cron task here, and croniter's steps were most
     of what the definitions cost beyond Dagster's own (bench/run_cost.py): one sample per
-    cron serves both cadences, and a cron read in UTC steps over naive datetimes, which
-    skips croniter's timezone bookkeeping (UTC has no DST, so the fires are the same).
+    cron serves both cadences, stepping over naive wall times.
     """
-    # A daily-periodic UTC cron needs two days, not 400, and its fires follow from its
+    # A cron that names no day, month or weekday needs two days, not 400 (the sample reads
+    # the zone at one offset, so its days all repeat); a UTC one's fires follow from its
     # minute and hour fields alone (issue 25: a platform's many daily tasks at distinct times
     # each cost ~8 ms of croniter steps here, a minute cron 600 steps, in every process).
-    daily = _repeats_daily(cron, timezone)
-    if daily:
+    daily = _repeats_daily(cron)
+    if daily and timezone == "UTC":
         fires_of_day = _daily_fires(cron)
         if fires_of_day is not None:
             return fires_of_day
     span = _DAILY_SPAN if daily else _SAMPLE_SPAN
-    # as_utc reads the naive fires as UTC, the aware ones converts.
-    if timezone == "UTC":
-        itr = croniter(cron, _SAMPLE_START.replace(tzinfo=None))
-    else:
-        itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(timezone)))
+    offset = ZoneInfo(timezone).utcoffset(_SAMPLE_START.replace(tzinfo=None)) or timedelta(0)
+    itr = croniter(cron, (_SAMPLE_START + offset).replace(tzinfo=None))
     fires = []
     for _ in range(_SAMPLE_FIRES):
-        fire = as_utc(itr.get_next(datetime))
+        fire = (itr.get_next(datetime) - offset).replace(tzinfo=UTC)
         if fire - _SAMPLE_START > span:
             break
         fires.append(fire)

@@ -18,9 +18,20 @@ TAG_REASON: Final = "dueledger/reason"
 TAG_PARENT_ENTRY: Final = "dueledger/parent_entry"
 #: Added to a run when it claims an entry: the Runs page's tag filter lists every attempt.
 TAG_ENTRY: Final = "dueledger/entry"
-#: Added to a run the ledger refused (duplicate, late, rule), so it is not a silent green.
+#: Added to a run the ledger did not let act (duplicate, late, a rule), so it is never a
+#: silent green: such a run ends CANCELED with the reason as its message (docs/operators.md).
 TAG_OUTCOME: Final = "dueledger/outcome"
 OUTCOME_REFUSED: Final = "refused"
+#: The task's overlap policy or a pause did not let the run's entry run: it ended ``skipped``.
+OUTCOME_SKIPPED: Final = "skipped"
+#: A newer run of the task replaced this one (overlap policy ``replace``).
+OUTCOME_REPLACED: Final = "replaced"
+#: Every outcome: a run carrying one was decided by the ledger (the outcome sensor and the
+#: ``no_unledgered_failed_runs`` check leave it alone).
+OUTCOMES: Final = (OUTCOME_REFUSED, OUTCOME_SKIPPED, OUTCOME_REPLACED)
+#: On every run of an entry's lineage (its attempts, retries, manual retries and their
+#: children): the root entry id, so the root's Runs filter lists every run that followed it.
+TAG_LINEAGE: Final = "dueledger/lineage"
 #: On runs of a task an installed plugin contributes: ``plugin:<name>``, so a ledger entry
 #: still names its plugin after the plugin is gone (core tasks' runs carry no such tag).
 TAG_SOURCE: Final = "dueledger/source"
@@ -50,6 +61,9 @@ STATUS_RETRYING: Final = "retrying"
 STATUS_SUCCESS: Final = "success"
 STATUS_FAILED: Final = "failed"
 STATUS_DISPATCH_FAILED: Final = "dispatch_failed"
+#: Terminal: the entry was not run, on purpose, and says why in its ``error`` text
+#: (``overlap: entry 12 running``, ``paused by alice: ...``); never a silent gap.
+STATUS_SKIPPED: Final = "skipped"
 STATUSES: Final = (
     STATUS_QUEUED,
     STATUS_RUNNING,
@@ -57,20 +71,25 @@ STATUSES: Final = (
     STATUS_SUCCESS,
     STATUS_FAILED,
     STATUS_DISPATCH_FAILED,
+    STATUS_SKIPPED,
 )
-TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED)
+TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED, STATUS_SKIPPED)
 
 FAILURE_ERROR: Final = "error"
 FAILURE_TIMEOUT: Final = "timeout"
 FAILURE_LEASE_RECLAIMED: Final = "lease_reclaimed"
 FAILURE_UNSUPPORTED_TASK: Final = "unsupported_task"
 FAILURE_DISPATCH: Final = "dispatch"
+#: A newer run of the task replaced the entry's run (overlap ``replace``); set by the claim
+#: that replaced it, naming the new entry.
+FAILURE_REPLACED: Final = "replaced"
 FAILURE_KINDS: Final = (
     FAILURE_ERROR,
     FAILURE_TIMEOUT,
     FAILURE_LEASE_RECLAIMED,
     FAILURE_UNSUPPORTED_TASK,
     FAILURE_DISPATCH,
+    FAILURE_REPLACED,
 )
 
 # --- Dagster's own tags that dueledger reads or sets ----------------------------------
@@ -85,6 +104,7 @@ DAGSTER_RETRY_NUMBER: Final = "dagster/retry_number"
 DAGSTER_AUTO_RETRY_RUN_ID: Final = "dagster/auto_retry_run_id"
 DAGSTER_WILL_RETRY: Final = "dagster/will_retry"
 DAGSTER_MAX_RETRIES: Final = "dagster/max_retries"
+DAGSTER_RETRY_ON_ASSET_OR_OP_FAILURE: Final = "dagster/retry_on_asset_or_op_failure"
 DAGSTER_MAX_RUNTIME: Final = "dagster/max_runtime"
 DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"
 
@@ -93,6 +113,12 @@ DAGSTER_FAILURE_REASON: Final = "dagster/failure_reason"
 def run_path(run_id: str) -> str:
     """The Dagster UI page of one run."""
     return f"/runs/{quote(run_id)}"
+
+
+def lineage_runs_path(root_entry_id: int) -> str:
+    """The Dagster UI's Runs page filtered on ``dueledger/lineage=<root>``: every run of the
+    root entry and of every retry that descends from it, refused ones included."""
+    return "/runs?" + urlencode({"q[0]": f"tag:{TAG_LINEAGE}={root_entry_id}"})
 
 
 def entry_runs_path(entry_id: int) -> str:

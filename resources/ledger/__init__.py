@@ -22,11 +22,15 @@ Where each part lives:
 - ``store.py`` — configuration and per-process plumbing (fork handling);
 - ``queries.py`` — the read side; ``transitions.py`` — the compare-and-set state changes;
 - ``deliveries.py`` — the alert delivery records (each alert reaches each channel once);
-- ``resource.py`` — ``RunLedger`` itself, which migrates once per process at set-up.
+- ``ledger.py`` — ``Ledger``, all of the above as one type (``Ledger.open(url)`` for a
+  command or script: no Dagster); ``resource.py`` — ``RunLedger``, the same ledger as a
+  Dagster resource, which migrates once per process at set-up.
 
 Times: the API takes and returns timezone-aware UTC datetimes; the database stores them
 timezone-naive in UTC. Every operation takes ``now=`` so tests and callers inject the clock.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from resources.core.due import ORIGIN_DUE
 from resources.core.entries import (
@@ -58,6 +62,7 @@ from resources.core.entry import Entry
 from resources.core.rules import format_duration
 from resources.core.settings import mask_url
 from resources.ledger.deliveries import DeliveryRecord
+from resources.ledger.ledger import Ledger
 from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
     ClaimResult,
@@ -66,7 +71,20 @@ from resources.ledger.model import (
     UnknownEntryError,
     truncate_error,
 )
-from resources.ledger.resource import RunLedger
+
+if TYPE_CHECKING:
+    from resources.ledger.resource import RunLedger
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunLedger":
+        # The Dagster resource, imported on first use (PEP 562): a command that only reads
+        # the ledger (`dueledger runs list`) must not pay for importing Dagster.
+        from resources.ledger.resource import RunLedger
+
+        return RunLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLAIMABLE_STATUSES",
@@ -93,6 +111,7 @@ __all__ = [
     "ClaimResult",
     "DeliveryRecord",
     "Entry",
+    "Ledger",
     "LedgerConfigError",
     "LedgerError",
     "RunLedger",

@@ -245,12 +245,33 @@ class Runtime:
                 f"{self.busy_timeout_ms} ({detail}); another process holds a long transaction: "
                 f"retry, raise busy_timeout_ms, or use PostgreSQL for many concurrent writers"
             )
+        if any(s in text for s in ("disk is full", "no space left", "could not extend file")):
+            return LedgerError(
+                f"the ledger database {where} is out of disk space ({detail}); the statement "
+                f"was not applied: free space on the volume that holds it, then retry"
+            )
+        if "readonly database" in text or "read-only" in text:
+            return LedgerError(
+                f"the ledger database {where} is read-only ({detail}); the statement was not "
+                f"applied: "
+                + (
+                    "make the file, and the folder that holds it and its -wal/-shm files, "
+                    "writable by this user"
+                    if self.sqlite
+                    else f"point {ENV_DATABASE_URL} at the writable primary, not a replica or "
+                    f"a database set to default_transaction_read_only"
+                )
+            )
         if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or type(
             orig
         ).__name__ in ("OperationalError", "InterfaceError"):
             return LedgerError(
                 f"cannot use the ledger database {where}: {detail}; check {ENV_DATABASE_URL}, "
-                f"that the server is running and accepts connections, and the credentials"
+                + (
+                    "and that the file's folder exists and this user may write there"
+                    if self.sqlite
+                    else "that the server is running and accepts connections, and the credentials"
+                )
             )
         return LedgerError(f"ledger database error in {where}: {detail}")
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from resources.core import tags
 from resources.core.fence import Fence, FenceLost
-from resources.ledger.resource import RunLedger
+from resources.ledger.ledger import Ledger
 
 # In-memory SQLite databases are private to their connection: never "the same" as another.
 _PRIVATE = itertools.count()
@@ -50,7 +50,7 @@ def database_identity(url: URL | str) -> tuple[str, ...]:
 class LedgerGuard:
     """Checks ``fence`` against ``ledger`` (see the module docstring)."""
 
-    def __init__(self, ledger: RunLedger, fence: Fence) -> None:
+    def __init__(self, ledger: Ledger, fence: Fence) -> None:
         self.ledger, self.fence = ledger, fence
         self._ledger_db = database_identity(ledger.url)
 

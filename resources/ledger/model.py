@@ -23,6 +23,7 @@ from resources.core.entry import Entry, with_summary_lists
 from resources.core.errors import InvalidInput
 from resources.core.fence import Fence
 from resources.core.instants import iso
+from resources.core.text import clean_text
 
 
 class LedgerError(RuntimeError):
@@ -43,8 +44,9 @@ class UnknownEntryError(ValueError):
 
 
 def truncate_error(error: str) -> str:
-    """Bound an error text to MAX_ERROR_CHARS, saying how much was cut."""
-    text = str(error)
+    """Bound an error text to MAX_ERROR_CHARS, saying how much was cut; made fit to store
+    first (no ANSI escapes, NUL or other control characters: ``clean_text``)."""
+    text = clean_text(str(error))
     if len(text) <= MAX_ERROR_CHARS:
         return text
     marker = f"\n... [truncated: {len(text)} characters in total]"
@@ -139,6 +141,9 @@ class ClaimResult:
     claimed: bool
     entry: Entry
     reason: str | None
+    #: The caller's run already held the entry: nothing changed, the fence is the one that
+    #: run got before -- possibly in another process of the same Dagster run.
+    reentrant: bool = False
 
     @property
     def fence(self) -> Fence | None:

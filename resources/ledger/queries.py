@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from resources.core import tags
 from resources.core.due import ORIGIN_DUE, Due
-from resources.core.entries import DEFAULT_LIST_LIMIT, origin_of
+from resources.core.entries import ACTION_RUN_REFUSED, DEFAULT_LIST_LIMIT, origin_of
 from resources.core.entry import Entry
 from resources.core.instants import iso
 from resources.ledger.model import (
@@ -165,21 +165,36 @@ class LedgerQueries(LedgerStore):
             .order_by(audit.c.id)
         )
         with self._connect("autocommit") as conn:
-            rows = list(conn.execute(query).mappings())
-        return [
-            {
-                "id": int(r["id"]),
-                "at": iso(from_db(r["at"]), micro=True),
-                "operator": r["operator"],
-                "action": r["action"],
-                "entry_id": r["entry_id"],
-                "child_entry_id": r["child_entry_id"],
-                "reason": r["reason"],
-                "checks": r["checks"],
-                "outcome": r["outcome"],
-            }
-            for r in rows
-        ]
+            return [_audit_json(r) for r in conn.execute(query).mappings()]
+
+    def first_activity(self, task_key: str) -> datetime | None:
+        """When the task first did anything here: the earlier of its oldest entry's creation and
+        its oldest scheduled due. Two index probes however long the ledger: the head of the
+        ``(task, created_at)`` index, and of the unique ``(task, origin, dedup_key)`` index
+        among ``due:`` keys, whose text sorts as the instants do."""
+        created = sa.select(sa.func.min(entries.c.created_at)).where(entries.c.task_key == task_key)
+        due_key = sa.select(sa.func.min(entries.c.dedup_key)).where(
+            entries.c.task_key == task_key, entries.c.origin == ORIGIN_DUE
+        )
+        with self._connect("autocommit") as conn:
+            first = from_db(conn.execute(created).scalar())
+            key = conn.execute(due_key).scalar()
+        due = Due.from_key(key).at if key else None
+        found = [x for x in (first, due) if x is not None]
+        return min(found) if found else None
+
+    def recent_audit(
+        self, *, action: str | None = None, since: datetime | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` audit records (of ``action``, at or after ``since``), oldest
+        first: also those that name no entry (a refused manual launch has none)."""
+        query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if action is not None:
+            query = query.where(audit.c.action == action)
+        if since is not None:
+            query = query.where(audit.c.at >= to_db(since, "since"))
+        with self._connect("autocommit") as conn:
+            return [_audit_json(r) for r in conn.execute(query).mappings()][::-1]
 
     def summary_counts(
         self, *, now: datetime | None = None, window: timedelta = timedelta(hours=24)
@@ -190,7 +205,9 @@ class LedgerQueries(LedgerStore):
         the reclaim sensor will fail); ``queued`` / ``retrying``: waiting now. Over the last
         ``window``: ``failed`` / ``success`` / ``lease_reclaimed`` by ``finished_at``,
         ``dispatch_failed`` by ``updated_at`` (the last launch failure), ``manual_retry``
-        entries by ``created_at``. Keys of the windowed counts end in ``_window``.
+        entries by ``created_at``, ``skipped`` (overlap, pauses) by ``finished_at``;
+        ``refused``: runs the ledger did not let act (audited as ``run_refused``) by the
+        audit's time. Keys of the windowed counts end in ``_window``.
         """
         if not isinstance(window, timedelta) or window <= timedelta(0):
             raise ValueError(f"window must be a positive timedelta, got {window!r}")
@@ -216,10 +233,34 @@ class LedgerQueries(LedgerStore):
             "manual_retry_window": sa.and_(
                 c.trigger == tags.TRIGGER_MANUAL_RETRY, c.created_at >= since
             ),
+            "skipped_window": sa.and_(c.status == tags.STATUS_SKIPPED, c.finished_at >= since),
         }
         count = sa.select(sa.func.count()).select_from(entries)
+        # Runs the ledger refused (each audited once, by the claim wrapper): by the audit's
+        # time index, apart from every failure count above.
+        refused = (
+            sa.select(sa.func.count())
+            .select_from(audit)
+            .where(audit.c.at >= since, audit.c.action == ACTION_RUN_REFUSED)
+        )
         with self._connect("autocommit") as conn:
-            return {
+            counts = {
                 name: int(conn.execute(count.where(cond)).scalar_one())
                 for name, cond in where.items()
             }
+            counts["refused_window"] = int(conn.execute(refused).scalar_one())
+            return counts
+
+
+def _audit_json(row: Any) -> dict[str, Any]:
+    return {
+        "id": int(row["id"]),
+        "at": iso(from_db(row["at"]), micro=True),
+        "operator": row["operator"],
+        "action": row["action"],
+        "entry_id": row["entry_id"],
+        "child_entry_id": row["child_entry_id"],
+        "reason": row["reason"],
+        "checks": row["checks"],
+        "outcome": row["outcome"],
+    }

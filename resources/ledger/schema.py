@@ -24,12 +24,30 @@ from sqlalchemy.dialects import postgresql
 ENTRIES_TABLE: Final = "dueledger_entries"
 AUDIT_TABLE: Final = "dueledger_audit"
 ALERT_DELIVERIES_TABLE: Final = "dueledger_alert_deliveries"
+SCHEDULES_TABLE: Final = "dueledger_schedules"
+PAUSES_TABLE: Final = "dueledger_pauses"
+TASK_LOCKS_TABLE: Final = "dueledger_task_locks"
 #: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
 #: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
 VERSION_TABLE: Final = "dueledger_alembic_version"
 
 ID_TYPE = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+# The predicates of migration 0006's partial indexes, word for word: a query finds the few
+# entries with refused runs or failed hooks through them only when its WHERE is the same.
+# They never raise (a summary that is not valid JSON is simply not indexed).
+_SQLITE_SUMMARY = "CASE WHEN json_valid(summary) THEN summary END"
+SQLITE_REJECTED: Final = f"json_array_length({_SQLITE_SUMMARY}, '$.late_job_rejections') > 0"
+PG_REJECTED: Final = "(summary -> 'late_job_rejections') @> '[{}]'::jsonb"
+_FAILED_OUTCOMES = ("error", "timeout", "invalid")  # resources/core/metrics.py, a test checks
+SQLITE_HOOK_FAILED: Final = " OR ".join(
+    f"instr(json_extract({_SQLITE_SUMMARY}, '$.hooks'), '\"outcome\":\"{o}\"') > 0"
+    for o in _FAILED_OUTCOMES
+)
+PG_HOOK_FAILED: Final = " OR ".join(
+    f"(summary -> 'hooks') @> '[{{\"outcome\": \"{o}\"}}]'::jsonb" for o in _FAILED_OUTCOMES
+)
 
 metadata = sa.MetaData()
 
@@ -88,11 +106,39 @@ entries = sa.Table(
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
     ),
-    # Migration e25a7c3f (issue 25): what the sensors read each tick -- one slot's entries of
+    # Migration 0008 (issue 25): what the sensors read each tick -- one slot's entries of
     # a few statuses (re-dispatch), the entries changed since a time (slot health) -- are
     # index ranges of exactly those rows whatever the ledger's size.
     sa.Index("ix_dueledger_entries_status_due", "status", "due"),
     sa.Index("ix_dueledger_entries_updated_at", "updated_at"),
+    # Migration 0006 (issue 27): the Prometheus scrape (resources/ledger/metrics.py).
+    sa.Index(
+        "ix_dueledger_entries_task_status_trigger_kind",
+        "task_key",
+        "status",
+        "trigger",
+        "failure_kind",
+    ),
+    sa.Index(
+        "ix_dueledger_entries_task_status_finished",
+        "task_key",
+        "status",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL"),
+        sqlite_where=sa.text("finished_at IS NOT NULL"),
+    ),
+    sa.Index(
+        "ix_dueledger_entries_rejected",
+        "task_key",
+        postgresql_where=sa.text(PG_REJECTED),
+        sqlite_where=sa.text(SQLITE_REJECTED),
+    ),
+    sa.Index(
+        "ix_dueledger_entries_hook_failed",
+        "task_key",
+        postgresql_where=sa.text(PG_HOOK_FAILED),
+        sqlite_where=sa.text(SQLITE_HOOK_FAILED),
+    ),
     sqlite_autoincrement=True,
 )
 
@@ -145,4 +191,59 @@ alert_deliveries = sa.Table(
         sqlite_where=sa.text("next_attempt_at IS NOT NULL"),
     ),
     sqlite_autoincrement=True,
+)
+
+# Migration 0005: each task's schedule as the scheduler ran it (mirrored from Dagster's
+# schedule state by the outcome sensor), and every pause of a task (closed, never deleted).
+schedules = sa.Table(
+    SCHEDULES_TABLE,
+    metadata,
+    sa.Column("task_key", sa.String(200), primary_key=True),
+    sa.Column("schedule_name", sa.String(300), nullable=False),
+    # running | stopped, as Dagster last reported it
+    sa.Column("status", sa.String(16), nullable=False),
+    # The earliest start of the schedule seen here: no due before it was expected.
+    sa.Column("first_started_at", sa.DateTime(), nullable=True),
+    sa.Column("started_at", sa.DateTime(), nullable=True),
+    sa.Column("observed_at", sa.DateTime(), nullable=False),
+)
+
+pauses = sa.Table(
+    PAUSES_TABLE,
+    metadata,
+    sa.Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    sa.Column("task_key", sa.String(200), nullable=False),
+    # schedule_stopped (the Dagster UI's toggle) | cli | pause_after_failures
+    # (resources/ledger/scheduling.py: PAUSE_SOURCES)
+    sa.Column("source", sa.String(32), nullable=False),
+    sa.Column("paused_at", sa.DateTime(), nullable=False),
+    sa.Column("paused_by", sa.String(200), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("resumed_at", sa.DateTime(), nullable=True),
+    sa.Column("resumed_by", sa.String(200), nullable=True),
+    sa.Column("resume_reason", sa.Text(), nullable=True),
+    sa.Index("ix_dueledger_pauses_task", "task_key", "paused_at"),
+    # Migration 0007: one open pause per task and source, whoever races to open it.
+    sa.Index(
+        "ux_dueledger_pauses_open",
+        "task_key",
+        "source",
+        unique=True,
+        postgresql_where=sa.text("resumed_at IS NULL"),
+        sqlite_where=sa.text("resumed_at IS NULL"),
+    ),
+    sqlite_autoincrement=True,
+)
+
+# Migration 0007: the lock row of a task whose overlap the ledger decides (skip, buffer_one,
+# replace): claims lock it first, so two runs starting at once decide one after the other. It
+# names the run waiting for its turn under buffer_one, alive until ``waiting_until``.
+task_locks = sa.Table(
+    TASK_LOCKS_TABLE,
+    metadata,
+    sa.Column("task_key", sa.String(200), primary_key=True),
+    sa.Column("waiting_entry_id", ID_TYPE, nullable=True),
+    sa.Column("waiting_run_id", sa.String(255), nullable=True),
+    sa.Column("waiting_until", sa.DateTime(), nullable=True),
+    sa.Column("updated_at", sa.DateTime(), nullable=False),
 )

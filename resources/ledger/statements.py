@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from resources.core import tags
 from resources.core.entries import CLAIMABLE_STATUSES
-from resources.ledger.schema import entries
+from resources.ledger.schema import entries, task_locks
 
 _B_ID = sa.bindparam("b_id", type_=sa.BigInteger())
 _B_RUN = sa.bindparam("b_run_id", type_=sa.String())
@@ -24,9 +24,13 @@ _B_NOW = sa.bindparam("b_now", type_=sa.DateTime())
 _B_EXPIRES = sa.bindparam("b_expires", type_=sa.DateTime())
 _B_KIND = sa.bindparam("b_kind", type_=sa.String())
 _B_ERROR = sa.bindparam("b_error", type_=sa.Text())
+_B_RETRY = sa.bindparam("b_retry", type_=sa.Boolean())
 _HAS_ATTEMPTS_LEFT = entries.c.attempt < entries.c.max_attempts
-# An unsupported task can never run again, whatever attempts are left: fail it for good.
-_WILL_RETRY = sa.and_(_HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK)
+# An unsupported task can never run again, whatever attempts are left: fail it for good; and
+# an attempt no retry will follow (b_retry false: Dagster will not launch one) is final.
+_WILL_RETRY = sa.and_(
+    _HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK, sa.true() == _B_RETRY
+)
 _B_TOKEN = sa.bindparam("b_token", type_=sa.BigInteger())
 _OWNED_AND_RUNNING = (
     entries.c.id == _B_ID,
@@ -47,6 +51,7 @@ class Statements:
     select_by_id: Any
     select_for_update: Any
     holds: Any
+    insert_task_lock: Any
 
 
 @functools.cache
@@ -121,4 +126,6 @@ def statements_for(dialect: str) -> Statements:
         holds=sa.select(entries.c.id)
         .where(*_OWNED_AND_RUNNING, entries.c.claim_generation == _B_TOKEN)
         .with_for_update(read=True),
+        # A task's lock row (resources/ledger/overlap.py), created on first use.
+        insert_task_lock=insert(task_locks).on_conflict_do_nothing(index_elements=["task_key"]),
     )

@@ -1,4 +1,4 @@
-"""The base of the ``RunLedger`` resource: configuration, the per-process engine, connections.
+"""The base of every ledger: configuration, the per-process engine, connections.
 
 :class:`LedgerStore` holds what every ledger operation needs: the configured URL and lock
 timeout, the :class:`~resources.ledger.engine.Runtime` built on first use in a process (and
@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import dagster as dg
 import sqlalchemy as sa
-from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Connection, Engine
 
 import resources.ledger.migrate as migrations
@@ -24,34 +22,22 @@ from resources.core.checks import require_aware
 from resources.core.entries import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS
 from resources.core.entry import Entry
 from resources.core.instants import iso
-from resources.core.settings import ENV_DATABASE_URL, load_settings
+from resources.core.settings import load_settings
 from resources.ledger.engine import Mode, Runtime, build_runtime, current_pid
 from resources.ledger.model import UnknownEntryError, appended, check_id, entry_from_row, to_db
 from resources.ledger.schema import entries
 from resources.ledger.statements import statements_for
 
 
-class LedgerStore(dg.ConfigurableResource):
-    """Configuration and database plumbing of the run ledger (see :class:`RunLedger`)."""
+class LedgerStore:
+    """Configuration and database plumbing of the run ledger (see :class:`~resources.ledger.
+    ledger.Ledger`). A mixin: the concrete ledger sets ``database_url`` and
+    ``busy_timeout_ms`` (the plain :class:`Ledger` in its constructor, the ``RunLedger``
+    resource as its Dagster config); neither Dagster nor pydantic is needed here, so a
+    command that only reads the ledger loads neither."""
 
-    database_url: str | None = Field(
-        default=None,
-        description=(
-            "SQLAlchemy URL of the ledger database (sqlite:/// or postgresql+psycopg2://). "
-            f"None: resources.core.settings decides ({ENV_DATABASE_URL}, else a SQLite file "
-            "under DAGSTER_HOME)."
-        ),
-    )
-    busy_timeout_ms: int = Field(
-        default=30_000,
-        description=(
-            "How long to wait for a lock: SQLite busy timeout, PostgreSQL lock_timeout "
-            "(milliseconds)."
-        ),
-    )
-
-    # Everything built on first use, in one object: one attribute lookup on the hot path.
-    _runtime: Runtime | None = PrivateAttr(default=None)
+    database_url: str | None
+    busy_timeout_ms: int
 
     @property
     def url(self) -> str:
@@ -64,11 +50,7 @@ class LedgerStore(dg.ConfigurableResource):
         return self._rt().engine.dialect.name
 
     def _rt(self) -> Runtime:
-        # Read through __pydantic_private__ (where pydantic keeps private attributes): plain
-        # ``self._runtime`` fails the normal lookup first and lands in BaseModel.__getattr__,
-        # about 6 us, paid on every ledger call (bench/ledger_claims.py).
-        private = self.__pydantic_private__
-        runtime = private.get("_runtime") if private else self._runtime
+        runtime = self._current_runtime()
         if runtime is None or runtime.pid != current_pid():
             inherited = None
             if runtime is not None:
@@ -76,8 +58,16 @@ class LedgerStore(dg.ConfigurableResource):
                 runtime.engine.dispose(close=False)
                 inherited = runtime
             runtime = build_runtime(self.url, self.busy_timeout_ms, inherited)
-            self._runtime = runtime
+            self._keep_runtime(runtime)
         return runtime
+
+    def _current_runtime(self) -> Runtime | None:
+        """The runtime built in this object, if any (where a subclass keeps it may differ)."""
+        runtime: Runtime | None = self.__dict__.get("_runtime")
+        return runtime
+
+    def _keep_runtime(self, runtime: Runtime | None) -> None:
+        self.__dict__["_runtime"] = runtime
 
     def _get_engine(self) -> Engine:
         """The SQLAlchemy engine (created on first use, per process)."""
@@ -85,11 +75,11 @@ class LedgerStore(dg.ConfigurableResource):
 
     def dispose(self) -> None:
         """Close pooled connections (the engine is recreated on next use)."""
-        runtime = self._runtime
+        runtime = self._current_runtime()
         if runtime is not None and runtime.pid == current_pid():
             runtime.close_idle()
             runtime.engine.dispose()
-        self._runtime = None
+        self._keep_runtime(None)
 
     def migrate(self) -> None:
         """Apply the Alembic migrations up to head. Idempotent; safe when processes race.

@@ -36,6 +36,7 @@ from resources.core.entry import Entry, with_summary_lists
 from resources.core.fence import Fence
 from resources.core.instants import iso
 from resources.core.rules import claim_refusal, who
+from resources.core.text import clean_json
 from resources.ledger.model import (
     ClaimResult,
     appended,
@@ -163,7 +164,7 @@ class LedgerTransitions(LedgerStore):
             entry = self._load(conn, entry_id, lock=True)
             decision = rules.claim(entry, run_id, now=at, lease_ttl=ttl)
             if decision.allowed and not decision.changes:  # re-entrant: the owner again
-                return ClaimResult(claimed=True, entry=entry, reason=None)
+                return ClaimResult(claimed=True, entry=entry, reason=None, reentrant=True)
             if decision.allowed:
                 # It became claimable since the first UPDATE (e.g. a failure -> retrying).
                 row = conn.execute(self._rt().sql.claim, params).mappings().one()
@@ -220,13 +221,16 @@ class LedgerTransitions(LedgerStore):
         error: str,
         kind: str = tags.FAILURE_ERROR,
         now: datetime | None = None,
+        retry_coming: bool = True,
     ) -> Entry:
         """The owner's run failed: ``running -> retrying`` with attempts left, else ``failed``.
 
         ``kind`` is ``error``, ``timeout`` or ``unsupported_task`` (always ``failed``: a task
-        the code location no longer declares cannot be retried). The error is kept
-        (truncated to 4000 characters). From anyone but the running owner this is a late
-        report: recorded as a rejection, state untouched (success is never overwritten).
+        the code location no longer declares cannot be retried). ``retry_coming`` False: no
+        retry will be launched (Dagster will not retry the run), so the attempt is final.
+        The error is kept (truncated to 4000 characters). From anyone but the running owner
+        this is a late report: recorded as a rejection, state untouched (success is never
+        overwritten).
         Returns the entry after the call.
         """
         check_run_id(run_id)
@@ -249,13 +253,17 @@ class LedgerTransitions(LedgerStore):
             "b_now": to_db(at, "now"),
             "b_kind": kind,
             "b_error": text,
+            "b_retry": bool(retry_coming),
         }
         row = self._hot("fail", params, returning=True)
         if row is not None:
             return entry_from_row(row)
         with self._connect("write") as conn:
             entry = self._load(conn, entry_id, lock=True)
-            reason = rules.fail(entry, run_id, kind=kind, error=text, now=at).refusal or (
+            decision = rules.fail(
+                entry, run_id, kind=kind, error=text, now=at, retry_coming=retry_coming
+            )
+            reason = decision.refusal or (
                 f"late failure report from run {run_id} ({kind}): {who(entry)} changed "
                 f"meanwhile; nothing changed"
             )
@@ -422,7 +430,8 @@ class LedgerTransitions(LedgerStore):
         if not isinstance(result, Mapping):
             raise ValueError(f"hook result must be a dict, got {result!r}")
         try:
-            item = json.loads(json.dumps(dict(result)))
+            # Cleaned: a NUL in a listener's text could not be stored on PostgreSQL.
+            item = clean_json(json.loads(json.dumps(dict(result))))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"hook result {result!r} is not JSON-serialisable: {exc}") from None
         at = self._now(None)

@@ -21,7 +21,8 @@ from assets import domain_assets
 from assets.domain_config import DomainRules
 from orchestration.definitions import defs
 from resources.core import tags as t
-from resources.core.registry import Cron, TaskSpec, TaskSpecError, partition_key_for, validate_spec
+from resources.core.plans import Cron
+from resources.core.registry import TaskSpec, TaskSpecError, partition_key_for, validate_spec
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore, create_schema
@@ -155,13 +156,18 @@ def test_a_backfill_of_today_is_not_computed_ahead_of_time(stores):
     assert as_of.replace(tzinfo=UTC) < end_of_today  # capped at when the run was created
 
 
-def test_the_schedule_requests_the_partition_of_its_dues_day():
+def test_the_schedule_requests_the_partition_of_its_dues_day(tmp_path):
     schedule = defs.resolve_schedule_def("billing_maintenance_schedule")
-    with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.migrate()  # the tick reads the task's pauses there (none)
+    with (
+        dg.instance_for_test() as instance,
+        dg.build_schedule_context(
             instance=instance,
             scheduled_execution_time=datetime(2026, 11, 30, 23, 0, tzinfo=UTC),
-        )
+            resources={"ledger": ledger},
+        ) as context,
+    ):
         (request,) = schedule.evaluate_tick(context).run_requests
     assert request.run_key == "2026-11-30T23:00:00Z"
     assert request.partition_key == "2026-11-30"

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 from hook_support import build
+from run_support import scheduled
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
@@ -145,11 +146,9 @@ def test_old_logs_are_archived_verified_and_deleted_and_the_ledger_is_untouched(
 
     archive_dir = tmp_path / "archives"
     rules = DomainRules(archive_dir=str(archive_dir), archive_batch_rows=2)
-    tags = {
-        t.TAG_TASK: "log_archive",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
-        t.TAG_DUE: format_due(DUE),
-    }
+    tags = scheduled(
+        {t.TAG_TASK: "log_archive", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(DUE)}
+    )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [log_archive],
@@ -206,11 +205,13 @@ def test_the_next_days_run_archives_only_what_has_aged_since(tmp_path):
     archived = []
     with dg.instance_for_test() as instance:
         for due in (DUE - DAY, DUE, DUE + DAY):
-            tags = {
-                t.TAG_TASK: "log_archive",
-                t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
-                t.TAG_DUE: format_due(due),
-            }
+            tags = scheduled(
+                {
+                    t.TAG_TASK: "log_archive",
+                    t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+                    t.TAG_DUE: format_due(due),
+                }
+            )
             result = dg.materialize(
                 [log_archive],
                 resources={"source": source, "ledger": ledger, "rules": rules},

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 #: Dagster run statuses after which nothing more happens to a run.
 TERMINAL_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
@@ -171,6 +172,12 @@ class DevServer:
             except sqlite3.OperationalError:  # not migrated yet
                 return []
         return [dict(r) for r in rows]
+
+    def entries_now(self, task: str, dedup_key: str) -> dict[str, Any]:
+        """The entry of ``task`` with ``dedup_key`` as it is now (it must exist)."""
+        found = [e for e in self.entries(task) if e["dedup_key"] == dedup_key]
+        assert found, f"no entry {task} {dedup_key}: {self.entries(task)}"
+        return found[0]
 
     def entry_reached(
         self, task: str, dedup_key: str, statuses: set[str], timeout: float = RUN_TIMEOUT
@@ -319,18 +326,72 @@ def launch_from_job_launchpad(page: Page, server: DevServer, job: str) -> str:
     return run_id
 
 
+_RECENT_RUNS = """
+{ runsOrError(limit: 30) { __typename ... on Runs { results { runId assetSelection { path } } } } }
+"""
+
+
+def _runs_of_asset(server: DevServer, asset: str) -> set[str]:
+    """Ids of the newest runs (up to 30) that materialize ASSET."""
+    runs = server.graphql(_RECENT_RUNS)["runsOrError"]["results"]
+    return {r["runId"] for r in runs if [asset] in [a["path"] for a in r["assetSelection"] or []]}
+
+
 def materialize_from_catalog(page: Page, server: DevServer, asset: str) -> str:
     """Catalog → ASSET → Materialize, then "View" in the "Launched run" toast: the run's id."""
     page.goto(server.url("/"))
     nav(page, "Catalog")
     page.get_by_role("link").filter(has=page.get_by_title(asset, exact=True)).first.click()
     expect(page).to_have_url(re.compile(rf"/assets/{asset}$"))
+    before = _runs_of_asset(server, asset)
     page.get_by_role("button", name=MATERIALIZE).click()
     toast = page.locator("[data-sonner-toast]").filter(has_text="Launched run")
     expect(toast).to_be_visible()
-    toast.get_by_role("link", name="View").click()
+    try:
+        toast.get_by_role("link", name="View").click(timeout=10_000)
+    except PlaywrightTimeoutError:
+        # The toast re-renders while the asset page refreshes (seen on ledger_health, whose
+        # checks update) and its link never holds still for a click: open the run it
+        # announced, found through GraphQL (the one run of the asset that is new).
+        deadline = time.monotonic() + 60
+        while not (new := _runs_of_asset(server, asset) - before):
+            assert time.monotonic() < deadline, f"no new run of {asset} after Materialize"
+            time.sleep(1)
+        (launched,) = new
+        page.goto(server.url(f"/runs/{launched}"))
     run_id = wait_run_page(page)
     note(f"{asset}: materialized from the Catalog as run {run_id}")
+    return run_id
+
+
+_LAUNCH_RUN = """
+mutation($p: ExecutionParams!) {
+  launchRun(executionParams: $p) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def launch_scheduled_run(server: DevServer, task: str, due: str) -> str:
+    """A run of TASK's job for DUE with the tags its schedule gives a run (GraphQL
+    ``launchRun``, as the daemon's own launch would queue it): the run's id. Set-up for a
+    page to read, not a click under test."""
+    tags = {"dueledger/task": task, "dueledger/trigger": "schedule", "dueledger/due": due}
+    params = {
+        "selector": {
+            "repositoryLocationName": "dueledger",
+            "repositoryName": "__repository__",
+            "jobName": f"{task}_job",
+        },
+        "runConfigData": {},
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+    }
+    result = server.graphql(_LAUNCH_RUN, {"p": params})["launchRun"]
+    assert result["__typename"] == "LaunchRunSuccess", result
+    run_id: str = result["run"]["runId"]
+    note(f"{task}: launched run {run_id} for due {due}")
     return run_id
 
 

@@ -9,7 +9,11 @@ Which task each story uses, and why:
 - order_cleanup (launchpad, Catalog, re-execute a success): every-slot task, cheap run.
 - ticket_auto_close (re-execute a failed run): the only reader of ``tickets``, scheduled once
   a day (00:00 UTC), so renaming that table away fails no scheduled run.
+- log_archive (a launchpad run refused): declared not manually triggerable.
 - billing_maintenance (backfill): the daily-partitioned task with outbox notices.
+- ledger_health (the page a person reads): materialized from the Catalog after a run of
+  ticket_auto_close's latest due (daily, so that due stays the latest one while the suite
+  runs), launched with the tags its schedule gives it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from browser_support import (
     DevServer,
     launch_backfill_from_asset_page,
     launch_from_job_launchpad,
+    launch_scheduled_run,
     materialize_from_catalog,
     reexecute,
 )
@@ -31,6 +36,7 @@ from stage import Stage, Story, Wait
 
 ORDER_TASK = "order_cleanup"
 FAILING_TASK = "ticket_auto_close"
+LOCKED_TASK = "log_archive"
 BACKFILL_TASK = "billing_maintenance"
 #: Three whole past UTC days: each partition computes as of the end of its day.
 BACKFILL_DAYS = [(datetime.now(UTC).date() - timedelta(days=n)).isoformat() for n in (3, 2, 1)]
@@ -99,11 +105,10 @@ def reexecute_failed(stage: Stage, page: Page) -> StoryRun:
         first = yield server.run_ended(first_run)
         if first["status"] != "FAILURE":
             return {"first_run": first_run, "first_status": first["status"]}
-        # Dagster may retry a failed run (max attempts > 1): the table stays away until the
-        # ledger has given up on the entry, so every attempt fails the same honest way.
-        entry = yield server.entry_reached(FAILING_TASK, f"manual:{first_run}", {"failed"})
-        yield server.runs_ended(entry["run_ids"])
-    failed_run = entry["run_ids"][-1]  # the latest attempt: the one a person re-executes
+    # As soon as the run is red -- no waiting for a sensor (issue 23): a launchpad run carries
+    # no dagster/max_retries, Dagster will not retry it, so its entry is already failed.
+    entry = server.entries_now(FAILING_TASK, f"manual:{first_run}")
+    failed_run = first_run
     retry_run = reexecute(page, server, failed_run, how="from_failure")
     retry = yield server.run_ended(retry_run)
     refused_run = reexecute(page, server, failed_run, how="all")
@@ -111,6 +116,7 @@ def reexecute_failed(stage: Stage, page: Page) -> StoryRun:
     return {
         "first_run": first_run,
         "first_status": first["status"],
+        "parent_status_when_red": entry["status"],
         "parent_id": entry["id"],
         "failed_run": failed_run,
         "retry_run": retry_run,
@@ -118,6 +124,14 @@ def reexecute_failed(stage: Stage, page: Page) -> StoryRun:
         "refused_run": refused_run,
         "refused_status": refused["status"],
     }
+
+
+def launchpad_locked(stage: Stage, page: Page) -> StoryRun:
+    """Jobs → log_archive_job → Materialize ▾ → Open launchpad → launch: a task that is not
+    manually triggerable; the run page the person is taken to is the one they read."""
+    run_id = launch_from_job_launchpad(page, stage.server, f"{LOCKED_TASK}_job")
+    run = yield stage.server.run_ended(run_id)
+    return {"run_id": run_id, "status": run["status"]}
 
 
 def outbox(server: DevServer) -> list[dict[str, Any]]:
@@ -136,6 +150,32 @@ def backfill_twice(stage: Stage, page: Page) -> StoryRun:
     return {"first": first, "second": second, "outbox_after_first": after_first}
 
 
+def ledger_health_page(stage: Stage, page: Page) -> StoryRun:
+    """A run of ticket_auto_close's latest due as its schedule would launch it, then Catalog →
+    ledger_health → Materialize: the materialization whose page the test reads."""
+    server = stage.server
+    due = latest_daily_due()
+    due_run = launch_scheduled_run(server, FAILING_TASK, due)
+    ended = yield server.run_ended(due_run)
+    health_run = materialize_from_catalog(page, server, "ledger_health")
+    health = yield server.run_ended(health_run)
+    return {
+        "due": due,
+        "due_run": due_run,
+        "due_status": ended["status"],
+        "health_run": health_run,
+        "health_status": health["status"],
+    }
+
+
+def latest_daily_due() -> str:
+    """ticket_auto_close's latest due whose slot is over: today's 00:00 UTC (yesterday's
+    during the first slot of the day)."""
+    now = datetime.now(UTC)
+    day = now.date() if now.hour or now.minute >= 15 else now.date() - timedelta(days=1)
+    return f"{day.isoformat()}T00:00:00Z"
+
+
 #: Stories whose tests go last, longest last (their runs take longest; see conftest).
 LONGEST_LAST = ["reexecute_failed", "backfill_twice"]
 
@@ -146,4 +186,6 @@ STORIES: dict[str, Story] = {
     "launchpad": launchpad,
     "catalog": catalog,
     "reexecute_success": reexecute_success,
+    "ledger_health_page": ledger_health_page,
+    "launchpad_locked": launchpad_locked,
 }

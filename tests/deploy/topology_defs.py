@@ -12,9 +12,10 @@ the suite fast: the default executor starts a second process per run).
 import dagster as dg
 
 from assets.automation import TASK_ASSETS
-from orchestration.catalog import build_resources, task_views
+from orchestration.catalog import build_resources
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
+from orchestration.services.views import task_views
 from sensors import build_sensors
 
 TASKS = ("order_cleanup", "service_lifecycle_maintenance")

@@ -9,9 +9,10 @@ that run does not spawn a step process (both only to keep the suite fast).
 import dagster as dg
 
 from assets.automation import order_cleanup
-from orchestration.catalog import build_resources, task_views
+from orchestration.catalog import build_resources
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
+from orchestration.services.views import task_views
 
 TASK = "order_cleanup"
 SCHEDULE = "order_cleanup_schedule"

@@ -38,7 +38,8 @@ def test_a_task_run_is_one_process(tmp_path: Path) -> None:
         "DUELEDGER_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
         "DUELEDGER_SOURCE_URL": f"sqlite:///{tmp_path / 'source.sqlite'}",
     }
-    command = ["job", "execute", "-m", "orchestration.definitions", "-j", "tick_every_minute_job"]
+    # A manually triggerable task: `dagster job execute` is a manual launch.
+    command = ["job", "execute", "-m", "orchestration.definitions", "-j", "ledger_health_job"]
     proc = subprocess.run(
         [str(DAGSTER), *command],
         cwd=ROOT,
@@ -56,3 +57,12 @@ def test_a_task_run_is_one_process(tmp_path: Path) -> None:
     assert run_pids and step_pids, out[-3000:]
     assert step_pids == run_pids, out[-3000:]
     assert "STEP_WORKER_STARTING" not in out
+
+
+def test_the_catalogs_materialize_runs_in_process_too() -> None:
+    # The Catalog's "Materialize" runs the implicit asset job, whose executor is the code
+    # location's default: one process per run there as well (issue 23).
+    from orchestration.definitions import defs
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    assert job.executor_def is dg.in_process_executor

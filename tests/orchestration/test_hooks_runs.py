@@ -16,17 +16,19 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 from hook_support import SwappableHooks
+from run_support import refused, scheduled
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import task_views
 from orchestration.factory import build_task_definitions
 from orchestration.services import hooks
 from orchestration.services.manual import launch_manual
 from orchestration.services.runtime import task_run
+from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.errors import Refused
-from resources.core.registry import EverySlots, TaskSpec
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
 
 
@@ -56,9 +58,8 @@ PROBE = TaskSpec(
 
 @dg.asset(name="hook_probe")
 def hook_probe(context: dg.AssetExecutionContext, ledger: RunLedger):
-    with task_run(context, ledger, PROBE, hooks=HOOKS) as run:
-        if run.claimed:
-            raise ValueError("the source is down")
+    with task_run(context, ledger, PROBE, hooks=HOOKS):
+        raise ValueError("the source is down")
 
 
 @dataclass
@@ -93,13 +94,19 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance):
+def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance, ledger: RunLedger):
     schedule = SCHEDULES[schedule_name]
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
-    return schedule.evaluate_tick(context)
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=when, resources={"ledger": ledger}
+    ) as context:
+        return schedule.evaluate_tick(context)
 
 
 def materialize(asset, ledger, instance, tags, **kw):
+    """Execute the asset in process as its run would: a scheduled request's run carries the
+    schedule's name, which the daemon adds when it launches it."""
+    if tags.get(t.TAG_TRIGGER) == t.TRIGGER_SCHEDULE:
+        tags = scheduled(tags)
     return dg.materialize([asset], resources={"ledger": ledger}, instance=instance, tags=tags, **kw)
 
 
@@ -115,7 +122,7 @@ def hook_events(ledger: RunLedger, task_key: str, dedup_key: str) -> list[tuple[
 def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, ledger, instance):
     recorder = Recorder()
     install(recorder.listener())
-    result = evaluate("tick_every_slot_schedule", DUE, instance)
+    result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
     (request,) = result.run_requests
     assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
     before = recorder.one(hooks.BEFORE_TASK_CREATE)
@@ -177,15 +184,15 @@ def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
     step = timedelta(minutes=15 // ticks_in_slot)
     # Every fire of the cron inside one 15-minute slot: only the first asks for a run.
     fires = [DUE + i * step for i in range(ticks_in_slot)]
-    results = [evaluate(f"{task_key}_schedule", when, instance) for when in fires]
+    results = [evaluate(f"{task_key}_schedule", when, instance, ledger) for when in fires]
     (request,) = [r for result in results for r in result.run_requests]
     assert request.run_key == DUE_KEY
     assert all(result.skip_message for result in results[1:])
     assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
     asset = TICK_ASSETS[task_key]
     first = materialize(asset, ledger, instance, request.tags)
-    duplicate = materialize(asset, ledger, instance, request.tags)
-    assert first.success and duplicate.success
+    duplicate = materialize(asset, ledger, instance, request.tags, raise_on_error=False)
+    assert first.success and refused(instance, duplicate.run_id)
     assert recorder.events().count(event) == 1
     assert recorder.one(event).slot == DUE_KEY
     entry = ledger.find(task_key, f"due:{DUE_KEY}")
@@ -247,7 +254,7 @@ def test_a_deny_skips_the_due_only_when_the_listener_is_blocking(
         return hooks.deny("change freeze")
 
     install(freeze, recorder.listener())
-    result = evaluate("tick_every_slot_schedule", DUE, instance)
+    result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
     if blocking:
         assert result.run_requests == []
         assert "change freeze" in (result.skip_message or "")
@@ -268,7 +275,13 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
 ):
     recorder = Recorder()
     install(recorder.listener())
-    tags = {t.TAG_TASK: "hook_probe", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE_KEY}
+    tags = {
+        t.TAG_TASK: "hook_probe",
+        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_DUE: DUE_KEY,
+        # As a task job's run tags set it: Dagster will retry a failure twice.
+        t.DAGSTER_MAX_RETRIES: "2",
+    }
     run = materialize(hook_probe, ledger, instance, tags, raise_on_error=False)
     assert not run.success
     assert recorder.events() == [hooks.TASK_BEFORE, hooks.TASK_FAILED]

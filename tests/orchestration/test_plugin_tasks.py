@@ -28,7 +28,6 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from orchestration.catalog import task_views
 from orchestration.cli import main
 from orchestration.services import hooks
 from orchestration.services.outcomes import (
@@ -43,6 +42,7 @@ from orchestration.services.task_plugins import (
     TaskRegistry,
     load_task_registry,
 )
+from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.outcomes import Action, Reconciled

@@ -5,16 +5,8 @@ from datetime import timedelta
 
 import pytest
 
-from resources.core.registry import (
-    CATCH_UP,
-    Cron,
-    EverySlots,
-    NthSlotOfDay,
-    TaskSpec,
-    TaskSpecError,
-    build_views,
-    task_keys_of_run,
-)
+from resources.core.plans import Cron, EverySlots, NthSlotOfDay
+from resources.core.registry import CATCH_UP, TaskSpec, TaskSpecError, build_views, task_keys_of_run
 
 GOOD = TaskSpec(
     key="nightly_report",
@@ -63,10 +55,19 @@ def test_a_good_spec_builds_a_view_with_defaults():
         ),
         (
             "unknown_overlap_policy",
-            {"overlap_policy": "allow"},
+            {"overlap_policy": "cancel_other"},
             "overlap_policy",
-            "unknown policy 'allow'",
+            "unknown policy 'cancel_other'",
         ),
+        # Issue 24: the scheduling policies fail at load naming the field.
+        ("allow_without_concurrent_safe", {"overlap_policy": "allow"}, "overlap_policy", "allow"),
+        ("zero_pause_after_failures", {"pause_after_failures": 0}, "pause_after_failures", "1"),
+        ("bool_pause_after_failures", {"pause_after_failures": True}, "pause_after_failures", "1"),
+        ("zero_deadline", {"deadline": timedelta(0)}, "deadline", "(0, "),
+        ("negative_deadline", {"deadline": timedelta(minutes=-5)}, "deadline", "(0, "),
+        ("deadline_of_a_month", {"deadline": timedelta(days=30)}, "deadline", "7 days"),
+        ("unknown_zone", {"timezone": "Mars/Olympus_Mons"}, "timezone", "zoneinfo"),
+        ("empty_zone", {"timezone": ""}, "timezone", "IANA"),
         (
             "catch_up_without_window",
             {"missed_slot_policy": CATCH_UP},

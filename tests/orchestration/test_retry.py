@@ -27,7 +27,8 @@ from orchestration.services.retry import RetryResult, record_retry, retry_entry
 from resources.core import tags as t
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import Operators, load_operators, parse_operators
-from resources.core.registry import EverySlots, TaskSpec
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec
 from resources.core.retry_rules import (
     CHECK_ACKNOWLEDGED,
     CHECK_MANUAL_TRIGGER,

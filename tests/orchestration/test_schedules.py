@@ -7,6 +7,7 @@ import pytest
 
 from orchestration.definitions import defs
 from resources.core import tags as t
+from resources.ledger import RunLedger
 
 SCHEDULES = sorted(s.name for s in defs.schedules or [])
 # A slot start that every rule of the default registry is due at (midnight UTC).
@@ -15,14 +16,25 @@ MIDNIGHT = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 
 def _evaluate(name: str, when: datetime, instance: dg.DagsterInstance):
     schedule = defs.resolve_schedule_def(name)
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
-    return schedule.evaluate_tick(context)
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=when, resources={"ledger": _LEDGER[0]}
+    ) as context:
+        return schedule.evaluate_tick(context)
+
+
+#: The ledger a tick reads the task's pauses from (issue 24): one per module, empty.
+_LEDGER: list[RunLedger] = []
 
 
 @pytest.fixture(scope="module")
-def instance():
+def instance(tmp_path_factory: pytest.TempPathFactory):
+    ledger = RunLedger(database_url=f"sqlite:///{tmp_path_factory.mktemp('ledger')}/l.sqlite")
+    ledger.migrate()
+    _LEDGER.append(ledger)
     with dg.instance_for_test() as inst:
         yield inst
+    ledger.dispose()
+    _LEDGER.clear()
 
 
 def test_there_is_one_schedule_per_task():
@@ -83,11 +95,21 @@ def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance,
     # context.log opens a compute-log stream (an upload per tick with a cloud compute-log
     # manager); with nothing to log a plain tick must not touch it.
     schedule = defs.resolve_schedule_def("order_cleanup_schedule")  # due every slot
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=MIDNIGHT)
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=MIDNIGHT, resources={"ledger": _LEDGER[0]}
+    ) as context:
 
-    def opened(self):
-        raise AssertionError("the schedule evaluation opened context.log")
+        def opened(self):
+            raise AssertionError("the schedule evaluation opened context.log")
 
-    monkeypatch.setattr(type(context), "log", property(opened))
-    (request,) = schedule.evaluate_tick(context).run_requests or []
+        monkeypatch.setattr(type(context), "log", property(opened))
+        (request,) = schedule.evaluate_tick(context).run_requests or []
     assert request.tags[t.TAG_TASK]
+
+
+def test_each_schedule_lists_its_next_five_dues_in_its_metadata():
+    # Issue 24: the UI shows a schedule's next dues (as of the code location's load).
+    schedule = defs.resolve_schedule_def("order_cleanup_schedule")
+    text = schedule.metadata["dueledger/next_dues"].value
+    dues = [line for line in text.splitlines() if line.startswith("- `")]
+    assert len(dues) == 5 and "dueledger dues order_cleanup" in text

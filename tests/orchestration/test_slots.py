@@ -6,7 +6,7 @@ from itertools import pairwise
 import pytest
 
 from resources.core.due import floor_to_slot, format_due, parse_due
-from resources.core.registry import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
+from resources.core.plans import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
 from resources.core.slots import (
     cron_cadence,
     cron_effective_cadence,
@@ -95,9 +95,11 @@ def test_cron_cadence_helpers_agree_with_hand_counts():
 
 
 def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> list[int]:
-    """How the cadences were computed before they shared one sample: each function stepped
-    croniter from an aware start in ``tz`` on its own (the reference for the shared one).
-    The declared cadence, then the effective one for each of ``slots``."""
+    """The cadences sampled one function at a time, croniter stepping from an aware start in
+    the zone's offset of the sample start as a fixed offset (the reference for the shared
+    sample; issue 24: a cadence is the rule's, not its DST days'). The declared cadence, then
+    the effective one for each of ``slots``."""
+    from datetime import timezone
     from zoneinfo import ZoneInfo
 
     from croniter import croniter
@@ -105,7 +107,9 @@ def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> 
     from resources.core.instants import as_utc
     from resources.core.slots import _SAMPLE_FIRES, _SAMPLE_SPAN, _SAMPLE_START
 
-    itr = croniter(cron, _SAMPLE_START.astimezone(ZoneInfo(tz)))
+    offset = ZoneInfo(tz).utcoffset(_SAMPLE_START.replace(tzinfo=None))
+    assert offset is not None
+    itr = croniter(cron, _SAMPLE_START.astimezone(timezone(offset)))
     fires = []
     for _ in range(_SAMPLE_FIRES):
         fire = as_utc(itr.get_next(datetime))
@@ -162,21 +166,28 @@ class TestDstInANonUtcTimezone:
         assert before.due_key == "2026-10-24T04:30:00Z"
         assert after.due_key == "2026-10-26T05:30:00Z"
 
-    def test_the_repeated_local_hour_does_not_start_two_runs_in_one_slot(self):
-        # 02:00-03:00 local happens twice; an every-minute cron keeps one run per slot.
+    def test_the_repeated_local_hour_runs_once_at_its_first_occurrence(self):
+        # 02:00-03:00 local happens twice; an every-minute cron runs it once (issue 24).
         plan = schedule_plan(Cron("* * * * *"), 15, self.TZ)
-        first = decide_tick(plan, datetime(2026, 10, 25, 0, 30, tzinfo=UTC), 15)
-        second = decide_tick(plan, datetime(2026, 10, 25, 0, 31, tzinfo=UTC), 15)
+        first = decide_tick(plan, datetime(2026, 10, 25, 0, 30, tzinfo=UTC), 15)  # 02:30 CEST
+        again = decide_tick(plan, datetime(2026, 10, 25, 1, 30, tzinfo=UTC), 15)  # 02:30 CET
         assert first.skip_reason is None
-        assert second.skip_reason is not None
+        assert again.skip_reason is not None and "happens twice" in again.skip_reason
 
     def test_nth_slot_of_day_is_read_in_local_time(self):
-        plan = schedule_plan(NthSlotOfDay(8), 15, self.TZ)  # 02:00 local
-        assert plan.cron == "0 2 * * *"
-        assert plan.timezone == self.TZ
+        plan = schedule_plan(NthSlotOfDay(8), 15, self.TZ)  # 02:00 local: clock changes touch it
+        assert (plan.zoned_cron, plan.zone, plan.timezone) == ("0 2 * * *", self.TZ, "UTC")
         decision = decide_tick(plan, datetime(2026, 11, 30, 1, 0, tzinfo=UTC), 15)  # 02:00 CET
         assert decision.skip_reason is None
         assert decision.due_key == "2026-11-30T01:00:00Z"
+        # The other UTC hour the schedule fires on (02:00 CEST in summer) is no due in winter.
+        assert decide_tick(plan, datetime(2026, 11, 30, 0, 0, tzinfo=UTC), 15).skip_reason
+
+    def test_a_daily_cron_over_a_clock_change_is_daily_not_hourly(self):
+        # Regression: croniter stepping through the spring-forward day made a daily 02:00
+        # Berlin cron look hourly (its cadence and the load-time warning said so).
+        assert cron_cadence("0 2 * * *", self.TZ).minutes == 1440
+        assert cron_effective_cadence("0 2 * * *", 15, self.TZ).minutes == 1440
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import pytest
 from dagster_graphql.cli import execute_query
 from dagster_internals import CodeTarget, daemon_instance, daemon_workspace
 from fixtures.retry_defs import EFFECTS_ENV, FAIL_ENV, LOCATION, SPECS
+from run_support import refused
 
 from orchestration.services.launch import (
     REEXECUTE_MUTATION,
@@ -29,6 +30,7 @@ from orchestration.services.launch import (
 from orchestration.services.retry import retry_entry
 from resources.core import tags as t
 from resources.core.due import parse_due
+from resources.core.entries import ACTION_RUN_REFUSED
 from resources.core.operators import UI_OPERATOR, load_operators
 from resources.core.retry_rules import (
     ACTION_MANUAL_RETRY,
@@ -46,7 +48,7 @@ from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "retry_defs.py"
 DUE = "2026-11-30T22:45:00Z"
 DUE_AT = parse_due(DUE)
-UI_TASK, LOCKED_TASK = "ui_task", "locked_task"
+UI_TASK, LOCKED_TASK, PATIENT_TASK = "ui_task", "locked_task", "patient_task"
 
 LAUNCH_MUTATION = """
 mutation Launch($params: ExecutionParams!) {
@@ -74,8 +76,14 @@ class Harness:
             self.fail_file.unlink(missing_ok=True)
 
     def launch(self, task: str, tags: Mapping[str, str] | None = None) -> str:
-        """A scheduled-looking run of ``task`` (launchpad tags); executes synchronously."""
-        all_tags = {t.TAG_TASK: task, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
+        """A scheduled run of ``task``: the tags its schedule's run carries, the schedule's name
+        included (the scheduler daemon adds it); executes synchronously."""
+        all_tags = {
+            t.TAG_TASK: task,
+            t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+            t.TAG_DUE: DUE,
+            t.DAGSTER_SCHEDULE_NAME: f"{task}_schedule",
+        }
         all_tags.update(tags or {})
         return self._launch_run(f"{task}_job", all_tags)
 
@@ -144,8 +152,11 @@ def harness(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ledger = RunLedger(database_url=ledger_url)
     ledger.migrate()
     target = CodeTarget.from_file(FIXTURE, location_name=LOCATION)
+    # Run retries as the project's dagster.yaml sets them: on, 0 unless a run's
+    # dagster/max_retries tag says otherwise (a launchpad run carries none).
+    retries = {"run_retries": {"enabled": True, "max_retries": 0}}
     with (
-        daemon_instance("sync", temp_dir=tmp_path / "dagster_home") as instance,
+        daemon_instance("sync", temp_dir=tmp_path / "dagster_home", overrides=retries) as instance,
         daemon_workspace(instance, target) as ctx,
     ):
         yield Harness(instance, ctx, ledger, tmp_path / "effects.tsv", tmp_path / "fail")
@@ -270,12 +281,12 @@ def test_a_second_re_execution_of_the_same_failed_run_does_nothing(harness: Harn
 
     again = h.reexecute(first)
 
-    assert h.run(again).status == dg.DagsterRunStatus.SUCCESS  # it ran, and did nothing
+    assert refused(h.instance, again)  # it ran, did nothing, and ended CANCELED saying why
     assert h.effects() == effects_before
     assert len(h.ledger.children(parent.id)) == 1
-    refused = _ui_audit(h, parent)[-1]
-    assert _refused_rule(refused) == CHECK_NOT_RETRIED
-    assert again in refused["outcome"]
+    refusal = _ui_audit(h, parent)[-1]
+    assert _refused_rule(refusal) == CHECK_NOT_RETRIED
+    assert again in refusal["outcome"]
     after = h.ledger.get(parent.id)
     assert after is not None
     [rejection] = after.summary["late_job_rejections"]
@@ -326,9 +337,9 @@ def test_an_allow_list_without_dagster_ui_refuses_ui_retries(
     h.reexecute(first)
 
     assert h.ledger.children(parent.id) == []
-    refused = _ui_audit(h, parent)[-1]
-    assert _refused_rule(refused) == CHECK_ROLE_RETRIER
-    assert "'dagster-ui' is not on the allow-list" in refused["outcome"]
+    refusal = _ui_audit(h, parent)[-1]
+    assert _refused_rule(refusal) == CHECK_ROLE_RETRIER
+    assert "'dagster-ui' is not on the allow-list" in refusal["outcome"]
 
     ops.write_text('[operators]\nalice = ["admin"]\n"dagster-ui" = ["retrier"]\n')
     h.reexecute(first)
@@ -409,10 +420,13 @@ def test_a_run_merely_tagged_as_a_retry_claims_nothing(harness: Harness) -> None
 
     run_id = h.launch(UI_TASK, forged)
 
-    assert h.run(run_id).status == dg.DagsterRunStatus.SUCCESS  # ran, did nothing
+    assert refused(h.instance, run_id)  # ran, did nothing, ended CANCELED saying why
     assert h.effects() == effects_before
     assert h.ledger.children(parent.id) == []
-    [audit] = h.ledger.audit_for(parent.id)
+    audits = h.ledger.audit_for(parent.id)
+    # The rule's refusal, and the refused run (every refused run is audited once).
+    assert [a["action"] for a in audits] == [ACTION_RETRY_RUN, ACTION_RUN_REFUSED]
+    audit = audits[0]
     assert (audit["action"], audit["operator"]) == (ACTION_RETRY_RUN, "mallory")
     assert audit["outcome"].startswith(f"refused: {CHECK_RECORDED}: ")
     after = h.ledger.get(parent.id)
@@ -487,9 +501,10 @@ def test_re_executing_a_failed_ui_launch_is_a_manual_retry_and_is_refused_the_se
     child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
     assert (child.status, child.parent_id, child.run_ids) == (t.STATUS_SUCCESS, parent.id, (rerun,))
     assert h.run(rerun).tags[t.TAG_ENTRY] == str(child.id)
-    refused = h.run(again)
-    assert refused.status == dg.DagsterRunStatus.SUCCESS  # Dagster's view: nothing failed
-    assert refused.tags[t.TAG_OUTCOME] == t.OUTCOME_REFUSED  # the Runs list shows it refused
+    # Not a silent green: the run ended CANCELED, tagged refused (the Runs list shows it), and
+    # nothing counts it as a failure.
+    assert refused(h.instance, again)
+    assert h.ledger.summary_counts()["refused_window"] == 1
     assert h.effects() == [(UI_TASK, first, parent.id), (UI_TASK, rerun, child.id)]
 
 
@@ -499,7 +514,7 @@ def test_a_refused_re_execution_of_a_success_is_tagged_refused(harness: Harness)
 
     rerun = h.reexecute(first)
 
-    assert h.run(rerun).tags[t.TAG_OUTCOME] == t.OUTCOME_REFUSED
+    assert refused(h.instance, rerun)
     assert t.TAG_OUTCOME not in h.run(first).tags
     assert len(h.effects()) == 1
 
@@ -515,3 +530,78 @@ def test_a_catalog_materialize_runs_the_implicit_asset_job_and_is_attributed_by_
     assert run.status == dg.DagsterRunStatus.SUCCESS, run.tags
     entry = h.entry(UI_TASK, f"manual:{run_id}")
     assert (entry.status, entry.operator) == (t.STATUS_SUCCESS, UI_OPERATOR)
+
+
+# --- issue 23: every rule on the UI path, and what a person sees -------------------------------
+
+
+def _messages(h: Harness, run_id: str) -> list[str]:
+    """The run's event log as the run page shows it: each event's message."""
+    return [e.message for e in h.instance.all_logs(run_id) if e.message]
+
+
+def test_a_launchpad_run_of_a_task_that_is_not_manually_triggerable_is_refused_visibly(
+    harness: Harness,
+) -> None:
+    # Regression: log_archive (manual_trigger=False) ran from the launchpad; only
+    # `dueledger launch` checked the flag.
+    h = harness
+    run_id = h.launch_from_ui(LOCKED_TASK)
+
+    assert refused(h.instance, run_id)  # CANCELED, never a green Success
+    assert h.effects() == []
+    assert h.ledger.list_entries(task_key=LOCKED_TASK)[0] == []  # no entry was made
+    messages = _messages(h, run_id)
+    why = next(m for m in messages if "not manually triggerable" in m)
+    assert "Set manual_trigger=True in orchestration/tasks.py" in why
+    assert any(m.startswith("refused: task 'locked_task'") for m in messages)  # cancel reason
+    counts = h.ledger.summary_counts()
+    assert (counts["refused_window"], counts["failed_window"]) == (1, 0)
+    (audit,) = h.ledger.recent_audit(action=ACTION_RUN_REFUSED)
+    assert (audit["checks"]["run_id"], audit["operator"]) == (run_id, UI_OPERATOR)
+
+
+def test_hand_typed_schedule_tags_do_not_make_a_launchpad_run_scheduled(harness: Harness) -> None:
+    h = harness
+    typed = {t.TAG_TASK: LOCKED_TASK, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
+
+    run_id = h._launch_run(f"{LOCKED_TASK}_job", typed)
+
+    assert refused(h.instance, run_id)
+    assert h.effects() == []
+    assert h.ledger.find(LOCKED_TASK, dedup_key_for_due(parse_due(DUE))) is None
+
+
+def test_a_failed_ui_launch_no_retry_will_follow_is_failed_at_once_and_re_executes_at_once(
+    harness: Harness,
+) -> None:
+    # Regression: the launchpad run of a 3-attempt task left its entry `retrying` although
+    # Dagster would never retry it, so the first "Re-execute" was refused ("is retrying").
+    h = harness
+    h.failing(True)
+    first = h.launch_from_ui(PATIENT_TASK)
+    h.failing(False)
+    parent = h.entry(PATIENT_TASK, f"manual:{first}")
+    assert (parent.status, parent.attempt, parent.max_attempts) == (t.STATUS_FAILED, 1, 3)
+
+    rerun = h.reexecute(first)  # at once: no sensor needed to settle anything first
+    again = h.reexecute(first)
+
+    child = h.entry(PATIENT_TASK, dedup_key_for_retry(parent.id))
+    assert (child.status, child.parent_id) == (t.STATUS_SUCCESS, parent.id)
+    assert refused(h.instance, again)
+    # The parent's lineage filter lists every run that followed it, the refused one too.
+    lineage = h.instance.get_runs(dg.RunsFilter(tags={t.TAG_LINEAGE: str(parent.id)}))
+    assert {r.run_id for r in lineage} == {first, rerun, again}
+    assert h.run(rerun).tags[t.TAG_ENTRY] == str(child.id)
+
+
+def test_a_failed_scheduled_run_whose_retry_will_come_waits_retrying(harness: Harness) -> None:
+    h = harness
+    h.failing(True)
+    # As the task job's run tags set it: Dagster retries a failure twice.
+    run_id = h.launch(PATIENT_TASK, {t.DAGSTER_MAX_RETRIES: "2"})
+    h.failing(False)
+
+    entry = h.scheduled_entry(PATIENT_TASK)
+    assert (entry.status, entry.run_ids) == (t.STATUS_RETRYING, (run_id,))

@@ -9,7 +9,7 @@ import pytest
 from resources.core import tags as t
 from resources.core.due import Due, format_due, parse_due
 from resources.core.entries import dedup_key_for_due
-from resources.core.registry import Cron, decide_tick, schedule_plan
+from resources.core.plans import Cron, decide_tick, schedule_plan
 from resources.core.requests import entry_request_from_tags
 
 AT = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)

@@ -932,9 +932,20 @@ def test_upgrading_twice_is_a_no_op(ledger: RunLedger) -> None:
     assert fresh(ledger, entry) == entry
 
 
-def test_a_schema_from_a_newer_version_is_a_ledger_error(ledger: RunLedger) -> None:
+def test_a_schema_from_a_newer_version_is_left_alone(ledger: RunLedger) -> None:
+    # A rolling upgrade (issue 26): a newer release migrated further, and migrations only add,
+    # so this code goes on using it (tests/resources/test_ledger_rolling_upgrade.py).
     with ledger._get_engine().begin() as conn:
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'"))
+    ledger.migrate()
+    with ledger._get_engine().connect() as conn:
+        versions = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
+    assert versions == [("9999_future",)]
+
+
+def test_an_unknown_older_schema_is_a_ledger_error(ledger: RunLedger) -> None:
+    with ledger._get_engine().begin() as conn:
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0000_unknown'"))
     with pytest.raises(LedgerError, match=f"knows revisions up to '{HEAD}'"):
         ledger.migrate()
 

@@ -30,7 +30,7 @@ TTL = timedelta(minutes=5)
 OWNER = "run-a"
 OTHER = "run-b"
 #: The per-call parameters the transitions pass (transitions.py); nothing else may remain.
-CALL_PARAMS = {"b_id", "b_run_id", "b_now", "b_expires", "b_kind", "b_error"}
+CALL_PARAMS = {"b_id", "b_run_id", "b_now", "b_expires", "b_kind", "b_error", "b_retry"}
 
 
 def _entry(ledger: RunLedger, due: datetime = DUE, max_attempts: int = 3) -> Entry:

@@ -49,7 +49,9 @@ operations = st.one_of(
     st.tuples(st.just("claim"), runs),
     st.tuples(st.just("heartbeat"), runs),
     st.tuples(st.just("succeed"), runs),
-    st.tuples(st.just("fail"), runs, st.sampled_from(RUN_FAILURE_KINDS)),
+    # The last item: will a retry come (Dagster will relaunch the run)? Without one the
+    # attempt is final whatever attempts are left (issue 23).
+    st.tuples(st.just("fail"), runs, st.sampled_from(RUN_FAILURE_KINDS), st.booleans()),
     st.tuples(st.just("reject"), runs),
     st.tuples(st.just("settle"), runs, st.sampled_from(RUN_FAILURE_KINDS)),
     st.tuples(st.just("reclaim")),
@@ -100,8 +102,13 @@ class Model:
                 return False
             if name == "succeed":
                 self.status = tags.STATUS_SUCCESS
-            elif self.attempt < self.max_attempts and op[2] != tags.FAILURE_UNSUPPORTED_TASK:
-                # An unsupported task is failed for good, whatever attempts are left.
+            elif (
+                self.attempt < self.max_attempts
+                and op[2] != tags.FAILURE_UNSUPPORTED_TASK
+                and op[3]
+            ):
+                # An unsupported task is failed for good, whatever attempts are left; so is
+                # an attempt that no retry will follow.
                 self.status = tags.STATUS_RETRYING
             else:
                 self.status = tags.STATUS_FAILED
@@ -147,7 +154,9 @@ def perform(ledger: RunLedger, entry: Entry, op: tuple[Any, ...], now: datetime)
         return ledger.succeed(entry.id, op[1], now=now)
     if name == "fail":
         before = ledger.get(entry.id)
-        after = ledger.fail(entry.id, op[1], error=f"{op[2]} at {now}", kind=op[2], now=now)
+        after = ledger.fail(
+            entry.id, op[1], error=f"{op[2]} at {now}", kind=op[2], now=now, retry_coming=op[3]
+        )
         assert before is not None
         # Accepted exactly when it ended a running attempt (a refusal changes no status).
         return before.status == tags.STATUS_RUNNING and after.status != tags.STATUS_RUNNING
@@ -180,7 +189,9 @@ def decide(before: Entry, op: tuple[Any, ...], now: datetime) -> rules.Decision 
     if name == "succeed":
         return rules.succeed(before, op[1], now=now)
     if name == "fail":
-        return rules.fail(before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now)
+        return rules.fail(
+            before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now, retry_coming=op[3]
+        )
     if name == "settle":
         return rules.settle_unretried(before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now)
     if name in ("reclaim", "reclaim_dry_run"):

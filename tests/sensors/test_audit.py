@@ -22,7 +22,8 @@ from orchestration.services.audit import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.registry import Cron, EverySlots, NthSlotOfDay, TaskSpec, build_views
+from resources.core.plans import Cron, EverySlots, NthSlotOfDay
+from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.daemon
@@ -195,7 +196,9 @@ def test_three_slots_without_a_daemon_are_three_missed_dues_of_a_strict_task(out
     row = _row(outage.summary_before, "strict_task")
     assert row["missed_dues"] == MISSED
     assert row["missed_24h"] == 3
-    assert row["audited_since"] == format_due(D0)
+    # Audited from when the daemon first ran the schedule (its first iteration, a minute
+    # before D0), as the outcome sensor's tick recorded it.
+    assert row["audited_since"] == format_due(D0 - timedelta(minutes=1))
     assert outage.summary_before["missed_24h"] == 6  # strict + catch_up, before catching up
     assert _row(outage.summary_after, "strict_task")["missed_dues"] == MISSED  # never replayed
     assert not [

@@ -31,22 +31,23 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
-from orchestration.catalog import task_views
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
 from orchestration.services.outcomes import (
     reconcile_events,
     reconcile_run,
     settle_abandoned_retries,
 )
+from orchestration.services.views import task_views
 from resources.core import tags as t
 from resources.core.instants import utc_now
 from resources.core.outcomes import Action, RunOutcome, decide
+from resources.core.plans import EverySlots
 from resources.core.redispatch import (
     plan_redispatch,
     redispatch_interval_seconds,
     redispatch_run_key,
 )
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.registry import TaskSpec, build_views
 from resources.core.requests import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
 from sensors import build_sensors
@@ -186,6 +187,29 @@ DECISIONS = [
     (
         "a duplicate run while another run holds the lease",
         make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-a",), lease_owner="run-a"),
+        FAILED_RUN,
+        Action.TRACE_DUPLICATE,
+    ),
+    (
+        # Found by the history checker: the second daemon's run of a due, dead before
+        # claiming, was in no entry.
+        "a duplicate run that died before claiming a due another run finished",
+        make_entry(status=t.STATUS_SUCCESS, attempt=1, run_ids=("run-a",)),
+        NO_RETRY,
+        Action.TRACE_DUPLICATE,
+    ),
+    (
+        "a duplicate already traced (its claim was refused)",
+        make_entry(
+            status=t.STATUS_SUCCESS,
+            attempt=1,
+            run_ids=("run-a",),
+            summary={
+                "late_job_rejections": [{"run_id": "run-x", "action": "claim"}],
+                "dispatch_failures": [],
+                "hooks": [],
+            },
+        ),
         FAILED_RUN,
         Action.NONE,
     ),
@@ -651,6 +675,20 @@ def test_a_retrying_entry_whose_retry_will_not_come_is_failed_keeping_its_error(
     assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
 
 
+def test_a_duplicate_that_died_before_claiming_is_traced_on_the_entry_once(ledger):
+    entry = _claimed(ledger, "run-a")
+    assert ledger.succeed(entry.id, "run-a", now=LATER)
+    outcome = RunOutcome("run-x", "FAILURE", will_retry=False, message="worker killed")
+    done = reconcile_run(ledger, TAGS, outcome, {}, now=LATER)
+    assert done.action is Action.TRACE_DUPLICATE
+    after = ledger.get(entry.id)
+    assert after is not None and after.status == t.STATUS_SUCCESS
+    (traced,) = after.summary["late_job_rejections"]
+    assert traced["run_id"] == "run-x" and "duplicate" in traced["reason"]
+    assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
+    assert ledger.get(entry.id) == after
+
+
 def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_once(ledger):
     outcome = RunOutcome("run-x", "FAILURE", will_retry=True, message="START_TIMEOUT")
     done = reconcile_run(ledger, TAGS, outcome, {"strict_task": 2}, now=LATER)
@@ -848,15 +886,17 @@ def _failed_run(instance: dg.DagsterInstance, *, parent: dg.DagsterRun | None = 
 
 
 def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying(ledger):
-    # The safety net for a retry refused as a duplicate: the chain's last run succeeded
-    # without claiming, so Dagster will never retry it. The entry must not wait in
+    # The safety net for a retry refused as a duplicate: the chain's last run ended without
+    # claiming (CANCELED by the ledger), so Dagster will never retry it. The entry must not wait in
     # `retrying` forever: it becomes dispatch_failed, which the re-dispatch sensor takes up.
     with dg.instance_for_test() as instance:
         run, _ = _failed_run(instance)
         entry = _claimed(ledger, run.run_id)
         ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
         refused, _ = _failed_run(instance, parent=run)
-        # The retry ran and was refused: it ends SUCCESS (its last status event counts).
+        # The retry ran and was refused: it ends CANCELED, tagged refused (the claim wrapper's
+        # end_unclaimed_run), its last status event the cancellation.
+        instance.add_run_tags(refused.run_id, {t.TAG_OUTCOME: t.OUTCOME_REFUSED})
         instance.handle_new_event(
             dg.EventLogEntry(
                 error_info=None,
@@ -865,12 +905,12 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
                 run_id=refused.run_id,
                 timestamp=LATER.timestamp(),
                 dagster_event=dg.DagsterEvent(
-                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value,
+                    event_type_value=dg.DagsterEventType.RUN_CANCELED.value,
                     job_name=_NOOP_JOB.name,
                 ),
             )
         )
-        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.SUCCESS
+        assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.CANCELED
 
         (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER)
         assert done.action is Action.DISPATCH_FAILED
@@ -878,7 +918,7 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
         assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
         (failure,) = after.summary["dispatch_failures"]
         assert failure["run_id"] == refused.run_id
-        assert "succeeded without claiming" in failure["error"]
+        assert "was refused by the ledger without claiming" in failure["error"]
         assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER) == []
 
 

@@ -35,7 +35,8 @@ import sqlalchemy as sa
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import task_run
-from resources.core.registry import EverySlots, TaskSpec, build_views
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
 from resources.core.settings import ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, dispatch_notifications
@@ -170,8 +171,6 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
         # Some work before the claim, so a random kill can also land before any claim.
         time.sleep(pause.uniform(0.0, 1.0))
         with task_run(context, ledger, spec, hooks=HOOKS, tasks=SPECS) as run:
-            if not run.claimed:
-                return
             channel = SoakChannel(source_url=os.environ[ENV_SOURCE_URL], run_id=context.run_id)
             sent = 0
             for number in range(MESSAGES):

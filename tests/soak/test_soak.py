@@ -83,12 +83,12 @@ KILL_DELAY_SECONDS = (0.0, 3.0)
 #: window stays bounded.
 KILL_TAIL = timedelta(seconds=15)
 #: After the last due the queue drains at the machine's pace (each run worker is a fresh
-#: Python process importing Dagster and pandas: on 2 busy cores 8-15 runs a minute). The
-#: soak fails when nothing at all changed for STALL_LIMIT while something is still open (a
-#: due left hanging), or when it has not settled SETTLE_LIMIT after the last due. A run
-#: stuck STARTING is failed by run monitoring after 180 s, and a retry Dagster announced but
-#: never created is given up on after sensors.outcomes.RETRY_LOST_AFTER (3 minutes), so a
-#: live system changes something, or settles, within STALL_LIMIT.
+#: Python process importing Dagster and pandas: on 2 busy cores 8-15 runs a minute). The soak fails
+#: when nothing at all changed for STALL_LIMIT while something is still open (a due left hanging),
+#: or when it has not settled SETTLE_LIMIT after the last due. A run stuck STARTING is failed by run
+#: monitoring after 180 s, and a retry Dagster announced but never created is given up on after
+#: orchestration.services.dagster_runs.RETRY_LOST_AFTER (3 minutes), so a live system changes
+#: something, or settles, within STALL_LIMIT.
 STALL_LIMIT = timedelta(minutes=5)
 SETTLE_LIMIT = timedelta(minutes=20)
 ACTIVE_RUN_STATUSES = {
@@ -341,7 +341,7 @@ def _awaited_retries(
     instance: dg.DagsterInstance, runs: list[dg.DagsterRun], now: datetime
 ) -> set[str]:
     """Failed runs Dagster announced a retry for and may still create it (not yet lost:
-    sensors.outcomes.RETRY_LOST_AFTER)."""
+    orchestration.services.dagster_runs.RETRY_LOST_AFTER)."""
     awaited: set[str] = set()
     for run_id in _announced_unretried(runs):
         record = instance.get_run_record_by_id(run_id)

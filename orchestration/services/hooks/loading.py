@@ -28,6 +28,8 @@ from orchestration.services.hooks.model import (
     emit,
     error_text,
 )
+from resources.core.config_files import ConfigFileError, read_config_file
+from resources.core.text import printable
 
 
 def _resolve(target: str) -> Any:
@@ -109,14 +111,17 @@ class _Loader:
 
 
 def _read_config(path: Path, loader: _Loader) -> dict[str, Any]:
-    where = f"{ENV_HOOKS_FILE}={path}"
+    where = f"{ENV_HOOKS_FILE}={printable(str(path))}"
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        # Bounded and regular files only: /dev/zero or a pipe must not hang the process.
+        data = tomllib.loads(read_config_file(path, where))
     except FileNotFoundError:
         loader.error(SOURCE_CONFIG, str(path), None, f"{where}: file does not exist")
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except ConfigFileError as exc:
+        loader.error(SOURCE_CONFIG, str(path), None, str(exc))
+        return {}
+    except tomllib.TOMLDecodeError as exc:
         loader.error(SOURCE_CONFIG, str(path), None, f"{where}: {error_text(exc)}")
         return {}
     unknown = sorted(set(data) - _CONFIG_KEYS)

@@ -21,7 +21,7 @@ from orchestration.services.hooks.model import (
 
 
 class HookRecorder(Protocol):
-    """The part of the ledger hooks write to (``RunLedger.record_hook_result``)."""
+    """The part of the ledger hooks write to (``Ledger.record_hook_result``)."""
 
     def record_hook_result(self, entry_id: int, result: dict[str, Any]) -> None: ...
 

@@ -1,8 +1,8 @@
 """Indexes for what the sensors read each tick: ``(status, due)`` and ``(updated_at)``
 (issue 25).
 
-Revision ID: e25a7c3f_sensor_read_indexes
-Revises: 0004_alert_deliveries
+Revision ID: 0008_sensor_read_indexes
+Revises: 0007_scheduling_policies
 Create Date: 2026-12-03
 
 - ``(status, due)``: one sensor re-dispatches every task (``sensors/redispatch.py``); each
@@ -18,9 +18,7 @@ tasks (bench/scale.py measures both sensors on 10,000 and 100,000 entries). Writ
 reclaim was never a HOT update on PostgreSQL; ``due`` never changes; only an update of the
 summary alone (a hook's result) stops being HOT because of ``updated_at``.
 
-Additive only (DESIGN rule 6); the downgrade drops these indexes and nothing else. Named by
-a unique revision id rather than a number: other revisions may be written beside it and are
-chained at merge.
+Additive only (DESIGN rule 6); the downgrade drops these indexes and nothing else.
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "e25a7c3f_sensor_read_indexes"
-down_revision: str | None = "0004_alert_deliveries"
+revision: str = "0008_sensor_read_indexes"
+down_revision: str | None = "0007_scheduling_policies"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

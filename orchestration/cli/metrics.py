@@ -1,0 +1,176 @@
+"""`dueledger metrics serve|write`: the ledger's Prometheus metrics, over HTTP or to a file.
+
+- ``serve [--host 127.0.0.1] [--port 9478]``: a small long-running HTTP server; every scrape
+  reads the ledger, the alert log and the Dagster instance anew (orchestration/services/
+  metrics.py), so a restart loses nothing. ``--port 0`` takes a free port (printed).
+- ``write FILE``: one scrape written atomically to FILE, for node_exporter's textfile
+  collector (FILE ending in ``.prom``, from cron or a systemd timer).
+
+The exposition format, the HTTP handler and the atomic file write are ``prometheus_client``'s;
+``orchestration/cli/exposition.py`` maps the metric model onto its metric families.
+A port that cannot be listened on, or a file that cannot be written, is exit 2 naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+import click
+
+from orchestration.cli.runs import viewer_gate
+from orchestration.cli.support import dagster_instance, handle_errors, json_option, print_json
+from resources.core.errors import InvalidInput
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 9478
+ACTION_METRICS: Final = "metrics"
+
+
+# --- input checks ----------------------------------------------------------------------------
+
+
+def parse_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise InvalidInput(
+            f"--port {text!r} must be a whole number from 0 to 65535 (0: any free port)"
+        )
+    return port
+
+
+def check_writable(path: Path) -> None:
+    """FILE's directory exists and is writable, and FILE is not a directory: else exit 2."""
+    where = path.parent
+    if path.is_dir():
+        raise InvalidInput(f"cannot write metrics to {path}: it is a directory; name a file")
+    if not where.is_dir():
+        raise InvalidInput(
+            f"cannot write metrics to {path}: directory {where} does not exist; create it or "
+            f"name a file in an existing directory"
+        )
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise InvalidInput(
+            f"cannot write metrics to {path}: directory {where} is not writable by this user"
+        )
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+@click.group("metrics")
+def metrics_group() -> None:
+    """Prometheus metrics from the ledger: serve them over HTTP, or write them to a file."""
+
+
+_operator_option = click.option(
+    "--operator",
+    default=None,
+    help="Who reads the metrics (default: your login); checked for the viewer role.",
+)
+
+
+@metrics_group.command("serve")
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    default=str(DEFAULT_PORT),
+    show_default=True,
+    help="TCP port to listen on (0: any free port, printed on start).",
+)
+@_operator_option
+@json_option
+@handle_errors
+def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None:
+    """Serve the metrics at http://HOST:PORT/metrics until stopped (SIGTERM or Ctrl-C)."""
+    # Imported when a metrics command runs, so the other commands do not load them.
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    # The collector, loaded with prometheus_client for the same reason.
+    from orchestration.cli.exposition import LedgerCollector, snapshot_source
+
+    number = parse_port(port)
+    collector = LedgerCollector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    # The port first: one in use is exit 2 before the ledger or Dagster is touched.
+    try:
+        server, thread = start_http_server(number, addr=host, registry=registry)
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot listen on {host}:{number} (--host {host} --port {port}): "
+            f"{exc.strerror or exc}; choose another --port, or stop what listens there"
+        ) from None
+    try:
+        ledger = viewer_gate(operator, ACTION_METRICS)
+        instance = dagster_instance()
+    except BaseException:
+        server.shutdown()
+        server.server_close()
+        raise
+    collector.snapshot = snapshot_source(ledger, instance)
+    bound = int(server.server_address[1])
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}/metrics"
+    if as_json:
+        print_json({"url": url, "host": host, "port": bound})
+    else:
+        click.echo(f"serving dueledger metrics at {url} (Ctrl-C to stop)")
+    sys.stdout.flush()
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop.wait(1.0) and thread.is_alive():
+        pass
+    server.shutdown()
+    server.server_close()
+    instance.dispose()
+    ledger.dispose()
+
+
+@metrics_group.command("write")
+@click.argument("file", type=click.Path(dir_okay=True, path_type=Path))
+@_operator_option
+@json_option
+@handle_errors
+def write_cmd(file: Path, operator: str | None, as_json: bool) -> None:
+    """Write one scrape to FILE atomically (node_exporter's textfile collector reads
+    ``*.prom`` files from its --collector.textfile.directory)."""
+    # Imported when a metrics command runs, so the other commands do not load them.
+    from prometheus_client import CollectorRegistry, write_to_textfile
+
+    # The collector, loaded with prometheus_client for the same reason.
+    from orchestration.cli.exposition import LedgerCollector, snapshot_source
+
+    path = file.expanduser().absolute()
+    check_writable(path)
+    ledger = viewer_gate(operator, ACTION_METRICS)
+    with dagster_instance() as instance:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(LedgerCollector(snapshot_source(ledger, instance)))
+        started = time.perf_counter()
+        try:
+            write_to_textfile(str(path), registry)
+        except OSError as exc:
+            raise InvalidInput(f"cannot write metrics to {path}: {exc.strerror or exc}") from None
+        seconds = time.perf_counter() - started
+    ledger.dispose()
+    families = sum(1 for line in path.read_text().splitlines() if line.startswith("# TYPE "))
+    result: dict[str, Any] = {"path": str(path), "families": families, "seconds": seconds}
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(f"wrote {families} metric families to {path} in {seconds:.2f} s")

@@ -1,0 +1,191 @@
+"""`dueledger dues | pause | resume | catch-up` and `launch --queue` through the console script,
+run as a subprocess as a user runs it (issue 24, items 2, 5, 6, 7), ledger on SQLite and
+PostgreSQL: pausing shows in `tasks` and `dues`, the DST rule shows in `dues`, a catch-up of a
+range with dues done, failed and missed launches the missed, retries the failed, and a second
+catch-up does nothing; every bad value is exit 2 naming the option, a refusal exit 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from cli_process import Ran, base_env, run_cli
+
+from resources.core import tags as t
+from resources.core.due import Due, floor_to_slot
+from resources.core.settings import ENV_DATABASE_URL, ENV_TIMEZONE
+from resources.ledger import RunLedger
+
+TASK = "order_cleanup"
+SLOT = timedelta(minutes=15)
+
+
+@dataclass
+class Box:
+    url: str
+    tmp: Path
+    env: dict[str, str]
+    ledger: RunLedger
+
+    def run(self, *args: str, **extra: str) -> Ran:
+        return run_cli(args, {**self.env, **extra})
+
+    def ok(self, *args: str, **extra: str) -> object:
+        ran = self.run(*args, "--json", **extra)
+        assert ran.code == 0, (args, ran.output[-2000:])
+        return ran.json()
+
+
+@pytest.fixture
+def box(ledger: RunLedger, ledger_url: str, tmp_path: Path) -> Iterator[Box]:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = base_env(DAGSTER_HOME=str(home), **{ENV_DATABASE_URL: ledger_url})
+    yield Box(ledger_url, tmp_path, env, ledger)
+
+
+def test_pause_shows_in_tasks_and_dues_and_resume_ends_it(box: Box) -> None:
+    paused = box.ok("pause", TASK, "--reason", "db migration", "--operator", "alice")
+    assert (paused["by"], paused["reason"], paused["source"]) == ("alice", "db migration", "cli")
+    again = box.run("pause", TASK, "--reason", "twice", "--operator", "bob", "--json")
+    assert "already paused by alice" in again.error(3)
+    (row,) = [r for r in box.ok("tasks") if r["key"] == TASK]
+    assert [(p["by"], p["reason"]) for p in row["paused"]] == [("alice", "db migration")]
+    listed = box.ok("dues", TASK, "--next", "3")
+    assert [d["skipped_by_pause"] for d in listed["dues"]] == [True, True, True]
+    assert listed["dues"][0]["pause"]["skip_reason"] == "paused by alice: db migration"
+    resumed = box.ok("resume", TASK, "--reason", "done", "--operator", "alice")
+    assert [p["by"] for p in resumed["resumed"]] == ["alice"]
+    assert "is not paused" in box.run("resume", TASK, "--reason", "x", "--json").error(3)
+    audit = box.ledger.recent_audit()
+    assert [r["action"] for r in audit if r["action"].startswith("task_")] == [
+        "task_paused",
+        "task_resumed",
+    ]
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_dues_list_utc_and_local_times_with_the_dst_rule(box: Box) -> None:
+    berlin = {ENV_TIMEZONE: "Europe/Berlin"}
+    # log_archive runs at 02:00 local: on 2027-03-28 02:00 does not exist in Berlin.
+    listed = box.ok(
+        "dues", "log_archive", "--from", "2027-03-27T00:00Z", "--to", "2027-03-30T00:00Z", **berlin
+    )
+    assert listed["timezone"] == "Europe/Berlin"
+    assert [d["due"] for d in listed["dues"]] == [
+        "2027-03-27T01:00:00Z",
+        "2027-03-28T01:00:00Z",
+        "2027-03-29T00:00:00Z",
+    ]
+    gap = listed["dues"][1]
+    assert gap["local"] == "2027-03-28 03:00 CEST" and "does not exist" in gap["dst"]
+    assert listed["dues"][0]["dst"] is None
+    nxt = box.ok("dues", TASK, "--next", "4")["dues"]
+    starts = [datetime.fromisoformat(d["due"].replace("Z", "+00:00")) for d in nxt]
+    assert [b - a for a, b in pairwise(starts)] == [SLOT] * 3
+
+
+# Refused before the ledger is read or written: the same on both ledgers, tried on SQLite.
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("dues", "no_such_task"), "unknown task"),
+        (("dues", TASK, "--next", "0"), "--next 0"),
+        (("dues", TASK, "--next", "3", "--from", "2027-01-01", "--to", "2027-01-02"), "not both"),
+        (("dues", TASK, "--from", "2027-01-02", "--to", "2027-01-01"), "--from"),
+        (("pause", TASK, "--reason", "  "), "reason"),
+        (
+            ("catch-up", TASK, "--from", "2026-12-02", "--to", "2026-12-01"),
+            "must be before --to",
+        ),
+        (("catch-up", TASK, "--from", "2020-01-01", "--to", "2020-01-02"), "retention"),
+        (("catch-up", TASK, "--from", "DAYS_AGO_20", "--to", "NOW"), "at most 1000"),
+        (("catch-up", TASK, "--from", "DAYS_AGO_1", "--to", "NOW", "--only", "some"), "--only"),
+    ],
+)
+def test_bad_values_are_exit_2_naming_the_option(box: Box, args: tuple[str, ...], words) -> None:
+    now = datetime.now(UTC)
+    stamps = {
+        "NOW": now.isoformat(),
+        "DAYS_AGO_1": (now - timedelta(days=1)).isoformat(),
+        "DAYS_AGO_20": (now - timedelta(days=20)).isoformat(),
+    }
+    args = tuple(stamps.get(a, a) for a in args)
+    if args[0] == "catch-up":
+        args = (*args, "--operator", "alice", "--reason", "r")
+    assert words in box.run(*args, "--json").error(2)
+    assert box.ledger.list_entries()[0] == []
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_a_task_that_is_not_manually_triggerable_is_not_caught_up(box: Box) -> None:
+    now = datetime.now(UTC)
+    ran = box.run(
+        "catch-up",
+        "log_archive",
+        "--from",
+        (now - timedelta(days=2)).isoformat(),
+        "--to",
+        now.isoformat(),
+        "--operator",
+        "alice",
+        "--reason",
+        "r",
+        "--json",
+    )
+    assert "not manually triggerable" in ran.error(3)
+
+
+def test_catch_up_runs_each_due_once_and_a_second_catch_up_does_nothing(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = box.ledger
+    start = floor_to_slot(datetime.now(UTC), 15) - 4 * SLOT
+    dues = [Due(start + i * SLOT) for i in range(4)]
+    done = ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=dues[0].key)
+    ledger.claim(done.id, "run-done", lease_ttl=timedelta(minutes=5))
+    ledger.succeed(done.id, "run-done")
+    failed = ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=dues[1].key)
+    ledger.claim(failed.id, "run-failed", lease_ttl=timedelta(minutes=5))
+    ledger.fail(failed.id, "run-failed", error="boom", retry_coming=False)
+    span = ("--from", dues[0].text, "--to", (dues[-1].at + SLOT).isoformat())
+    who = ("--operator", "alice", "--reason", "the daemon was down")
+
+    plan = box.ok("catch-up", TASK, *span, *who, "--dry-run")
+    actions = [(d["due"], d["action"]) for d in plan["dues"]]
+    assert actions == [
+        (dues[0].text, "none"),
+        (dues[1].text, "retry"),
+        (dues[2].text, "launch"),
+        (dues[3].text, "launch"),
+    ]
+    assert len(ledger.list_entries(task_key=TASK)[0]) == 2  # a dry run changes nothing
+
+    first = box.ok("catch-up", TASK, *span, *who)
+    assert (first["launched"], first["retried"], first["unchanged"]) == (2, 1, 1)
+    for item, due in zip(first["dues"][2:], dues[2:], strict=True):
+        entry = ledger.find(TASK, due.key)
+        assert entry is not None and entry.id == item["entry_id"]
+        assert (entry.trigger, entry.operator, entry.status) == (
+            t.TRIGGER_MANUAL,
+            "alice",
+            t.STATUS_QUEUED,
+        )
+    retried = ledger.get(failed.id)
+    assert retried is not None and retried.manual_retry_by == "alice"
+    monkeypatch.setenv("DAGSTER_HOME", box.env["DAGSTER_HOME"])
+    with dg.DagsterInstance.get() as instance:  # the runs wait in its queue (no daemon here)
+        runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
+    queued = {r.tags.get(t.TAG_DUE) for r in runs if r.tags.get(t.TAG_TRIGGER) == t.TRIGGER_MANUAL}
+    assert {dues[2].text, dues[3].text} <= queued
+
+    second = box.ok("catch-up", TASK, *span, *who)
+    assert (second["launched"], second["retried"]) == (0, 0)
+    assert len(ledger.list_entries(task_key=TASK)[0]) == 5  # 2 before + 2 dues + 1 retry child

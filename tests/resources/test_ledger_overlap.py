@@ -1,0 +1,204 @@
+"""The ledger's side of the overlap policies, pauses and skipped dues (issue 24), on SQLite and
+PostgreSQL: ``claim_with_overlap`` under skip / buffer_one / replace, two claims racing, a
+paused due written once, and one open pause per task and source."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from resources.core import tags as t
+from resources.core.due import Due
+from resources.core.fence import Fence
+from resources.core.overlap import OverlapAction
+from resources.ledger import Entry, RunLedger
+from resources.ledger.scheduling import PAUSE_AFTER_FAILURES, PAUSE_CLI
+from resources.ledger.schema import pauses
+
+TASK = "order_cleanup"
+DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+TTL = timedelta(minutes=5)
+SLOT = timedelta(minutes=15)
+
+
+def due_entry(ledger: RunLedger, slots_later: int = 0) -> Entry:
+    due = Due(DUE + slots_later * SLOT)
+    return ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=due.key)
+
+
+def running(ledger: RunLedger, run_id: str = "run-a") -> Entry:
+    entry = due_entry(ledger)
+    result = ledger.claim(entry.id, run_id, lease_ttl=TTL)
+    assert result.claimed
+    return result.entry
+
+
+def test_skip_ends_the_new_entry_skipped_naming_the_running_one(ledger: RunLedger) -> None:
+    busy = running(ledger)
+    fresh = due_entry(ledger, 1)
+    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="skip", lease_ttl=TTL)
+    assert found.decision.action is OverlapAction.SKIP
+    assert found.claim is None
+    after = ledger.get(fresh.id)
+    assert after is not None and after.status == t.STATUS_SKIPPED and after.is_terminal
+    assert after.error == f"overlap: entry {busy.id} running"
+    assert after.finished_at is not None
+    # A skipped entry is terminal: a late run of its due is refused, saying why.
+    late = ledger.claim(fresh.id, "run-c", lease_ttl=TTL)
+    assert not late.claimed and late.reason and "was skipped (overlap" in late.reason
+
+
+def test_a_retrying_entry_is_still_in_progress(ledger: RunLedger) -> None:
+    busy = running(ledger)
+    ledger.fail(busy.id, "run-a", error="boom")  # retrying: a retry of it is coming
+    fresh = due_entry(ledger, 1)
+    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="skip", lease_ttl=TTL)
+    assert found.decision.action is OverlapAction.SKIP
+
+
+def test_buffer_one_keeps_one_waiter_and_skips_the_rest(ledger: RunLedger) -> None:
+    busy = running(ledger)
+    second, third = due_entry(ledger, 1), due_entry(ledger, 2)
+    waits = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    assert waits.decision.action is OverlapAction.WAIT
+    # The waiter asks again: still waiting, still the waiter.
+    again = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    assert again.decision.action is OverlapAction.WAIT
+    skipped = ledger.claim_with_overlap(third.id, "run-c", policy="buffer_one", lease_ttl=TTL)
+    assert skipped.decision.action is OverlapAction.SKIP
+    assert skipped.entry.error == f"overlap: entry {second.id} already waiting"
+    assert ledger.succeed(busy.id, "run-a")
+    claims = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    assert claims.claim is not None and claims.claim.claimed
+    assert claims.entry.status == t.STATUS_RUNNING
+
+
+def test_a_dead_waiter_frees_the_buffer(ledger: RunLedger) -> None:
+    running(ledger)
+    second, third = due_entry(ledger, 1), due_entry(ledger, 2)
+    ledger.claim_with_overlap(
+        second.id, "run-b", policy="buffer_one", lease_ttl=TTL, wait_lease=timedelta(seconds=1)
+    )
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    found = ledger.claim_with_overlap(
+        third.id, "run-c", policy="buffer_one", lease_ttl=TTL, now=later
+    )
+    assert found.decision.action is OverlapAction.WAIT  # the first waiter stopped asking
+
+
+def test_replace_fails_the_running_entry_and_fences_its_run(ledger: RunLedger) -> None:
+    busy = running(ledger)
+    fresh = due_entry(ledger, 1)
+    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="replace", lease_ttl=TTL)
+    assert found.decision.action is OverlapAction.REPLACE
+    assert found.claim is not None and found.claim.claimed
+    (old,) = found.replaced
+    assert old.id == busy.id and old.status == t.STATUS_FAILED
+    assert old.failure_kind == t.FAILURE_REPLACED
+    assert f"replaced by entry {fresh.id} (run run-b)" in (old.error or "")
+    # The replaced run commits nothing from here on, and cannot finish its entry.
+    assert not ledger.holds(Fence(busy.id, "run-a", busy.claim_generation))
+    assert not ledger.succeed(busy.id, "run-a")
+    assert (ledger.get(busy.id) or busy).status == t.STATUS_FAILED
+
+
+def test_waiting_its_turn_never_skips(ledger: RunLedger) -> None:
+    running(ledger)
+    fresh = due_entry(ledger, 1)
+    found = ledger.claim_with_overlap(
+        fresh.id, "run-b", policy="skip", lease_ttl=TTL, wait_turn=True
+    )
+    assert found.decision.action is OverlapAction.WAIT
+    assert (ledger.get(fresh.id) or fresh).status == t.STATUS_QUEUED
+
+
+def test_an_attempt_of_an_entry_that_ran_claims_without_asking(ledger: RunLedger) -> None:
+    other = running(ledger, "run-x")
+    again = due_entry(ledger, 1)
+    assert ledger.claim(again.id, "run-a", lease_ttl=TTL).claimed
+    ledger.fail(again.id, "run-a", error="boom")  # retrying, attempt 1 used
+    retry = ledger.claim_with_overlap(again.id, "run-a2", policy="skip", lease_ttl=TTL)
+    assert retry.claim is not None and retry.claim.claimed, other
+
+
+def test_two_runs_starting_at_once_decide_one_after_the_other(ledger: RunLedger) -> None:
+    # Nothing runs; two fresh dues claim together under skip: one claims, one is skipped.
+    first, second = due_entry(ledger, 1), due_entry(ledger, 2)
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, OverlapAction] = {}
+
+    def claim(entry: Entry, run_id: str) -> None:
+        barrier.wait()
+        found = ledger.claim_with_overlap(entry.id, run_id, policy="skip", lease_ttl=TTL)
+        outcomes[entry.id] = found.decision.action
+
+    threads = [
+        threading.Thread(target=claim, args=(first, "run-1")),
+        threading.Thread(target=claim, args=(second, "run-2")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes.values()) == [OverlapAction.CLAIM, OverlapAction.SKIP]
+    assert [e.status for e in ledger.in_progress(TASK)] == [t.STATUS_RUNNING]
+
+
+def test_a_paused_due_is_written_once(ledger: RunLedger) -> None:
+    entry, wrote = ledger.record_skipped_due(TASK, DUE, reason="paused by alice: migration")
+    again, wrote_again = ledger.record_skipped_due(TASK, DUE, reason="paused by bob: other")
+    assert (wrote, wrote_again) == (True, False)
+    assert again.id == entry.id and again.error == "paused by alice: migration"
+    assert entry.status == t.STATUS_SKIPPED
+    # A run of that due finds it skipped: refused, the entry unchanged.
+    result = ledger.claim(entry.id, "run-a", lease_ttl=TTL)
+    assert not result.claimed and result.entry.status == t.STATUS_SKIPPED
+    # A queued entry is skipped by compare-and-set; a running one is left alone.
+    queued = due_entry(ledger, 1)
+    assert ledger.skip_entry(queued.id, reason="paused by alice: x").status == t.STATUS_SKIPPED
+    busy = due_entry(ledger, 2)
+    ledger.claim(busy.id, "run-b", lease_ttl=TTL)
+    assert ledger.skip_entry(busy.id, reason="paused by alice: x").status == t.STATUS_RUNNING
+
+
+def test_due_entries_reads_a_range_of_dues(ledger: RunLedger) -> None:
+    made = [due_entry(ledger, i) for i in range(4)]
+    ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_MANUAL, dedup_key="manual:r1")
+    found = ledger.due_entries(TASK, DUE + SLOT, DUE + 3 * SLOT)
+    assert sorted(e.id for e in found.values()) == [made[1].id, made[2].id]
+
+
+def test_one_open_pause_per_task_and_source(ledger: RunLedger) -> None:
+    first = ledger.pause_task(TASK, by="alice", reason="migration", source=PAUSE_CLI)
+    assert first is not None and first.task_key == TASK
+    assert ledger.pause_task(TASK, by="bob", reason="again", source=PAUSE_CLI) is None
+    other = ledger.pause_task(TASK, by="dueledger", reason="3 fail", source=PAUSE_AFTER_FAILURES)
+    assert other is not None
+    # The unique index holds even against a writer that does not read first.
+    with ledger._get_engine().begin() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execute(
+            sa.insert(pauses).values(
+                task_key=TASK,
+                source=PAUSE_CLI,
+                paused_at=DUE.replace(tzinfo=None),
+                paused_by="mallory",
+                reason="twice",
+            )
+        )
+    closed = ledger.resume_task(TASK, by="alice", reason="done", sources=(PAUSE_CLI,))
+    assert [p.id for p in closed] == [first.id] and closed[0].end is not None
+    assert [p.source for p in ledger.open_pauses(TASK)] == [PAUSE_AFTER_FAILURES]
+    assert ledger.pause_task(TASK, by="bob", reason="next", source=PAUSE_CLI) is not None
+
+
+def test_latest_finished_is_newest_first(ledger: RunLedger) -> None:
+    a, b = due_entry(ledger, 0), due_entry(ledger, 1)
+    now = datetime.now(UTC)
+    ledger.claim(a.id, "run-a", lease_ttl=TTL, now=now)
+    ledger.fail(a.id, "run-a", error="x", retry_coming=False, now=now + timedelta(seconds=1))
+    ledger.claim(b.id, "run-b", lease_ttl=TTL, now=now)
+    ledger.succeed(b.id, "run-b", now=now + timedelta(seconds=2))
+    assert [e.id for e in ledger.latest_finished(TASK, limit=5)] == [b.id, a.id]

@@ -1,0 +1,101 @@
+"""``ledger_health``'s first table (orchestration/services/health_page.py) and what the
+``latest_due_accounted_for`` check says to run next (orchestration/services/accounting.py), on
+a real SQLite ledger: one row per task with its latest due, status, lag and the Runs-page
+link of its entry; the next command fits the state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sensor_support import fixture_module
+
+from orchestration.services import accounting as acc
+from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
+from resources.core import tags as t
+from resources.ledger import RunLedger, dedup_key_for_due
+
+
+@pytest.fixture
+def ledger_url(sqlite_url: str) -> str:
+    """This module's ledger is SQLite only."""
+    return sqlite_url
+
+
+SLOT = timedelta(minutes=15)
+NOW = datetime(2026, 11, 30, 23, 5, tzinfo=UTC)  # the latest finished slot's due: 22:45
+LATEST = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+TTL = timedelta(minutes=5)
+
+
+def views():
+    module = fixture_module()
+    return module.views_of(module.STRICT)
+
+
+def scheduled(ledger: RunLedger, due: datetime, attempts: int = 1):
+    return ledger.ensure_entry(
+        task_key="strict_task",
+        trigger=t.TRIGGER_SCHEDULE,
+        dedup_key=dedup_key_for_due(due),
+        due=due,
+        max_attempts=attempts,
+        now=due,
+    )
+
+
+def test_a_failed_latest_due_is_a_failing_row_with_its_runs_link_and_the_retry_to_run(ledger):
+    entry = scheduled(ledger, LATEST)
+    ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=LATEST + timedelta(seconds=75))
+    ledger.fail(entry.id, "run-1", error="boom", now=LATEST + timedelta(seconds=80))
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert row["task"] == "strict_task" and row["due"] == "2026-11-30T22:45:00Z"
+    assert (row["status"], row["passed"], row["lag_seconds"]) == ("failed", False, 75)
+    assert row["runs_path"] == t.entry_runs_path(entry.id)
+    assert f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT`" in row["next"]
+    assert "--acknowledge-side-effects" not in row["next"]
+    page = latest_dues_markdown([row], "2026-11-30T23:05:00Z")
+    assert "| task | status | lag | runs | latest due | next |" in page
+    assert (
+        f"| strict_task | **FAILING** failed | 1 min 15 s | "
+        f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id}) | "
+        f"2026-11-30T22:45:00Z | "
+    ) in page
+    # The check's description names the same next step.
+    account = acc.account_latest_due(views()[0], ledger, NOW)
+    assert account.detail.endswith(f"next: {row['next']}")
+
+
+def test_a_reclaimed_lease_needs_the_side_effects_acknowledged(ledger):
+    entry = scheduled(ledger, LATEST)
+    ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=NOW - timedelta(minutes=4))
+    later = NOW + timedelta(minutes=5)  # the lease ran out at 23:06; still the 22:45 due
+    stale = acc.account_latest_due(views()[0], ledger, later)
+    assert stale.state == acc.STATE_STALE_LEASE
+    assert "next: `dueledger reclaim` (fails it, lease_reclaimed)" in stale.detail
+    ledger.reclaim_expired(now=later)
+    account = acc.account_latest_due(views()[0], ledger, later)
+    assert account.state == acc.STATE_FAILED
+    assert (
+        f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT "
+        f"--acknowledge-side-effects`" in account.detail
+    )
+
+
+def test_success_and_missed_rows_say_what_to_look_at(ledger):
+    scheduled(ledger, LATEST - 2 * SLOT)  # the task ran here before
+    missed = acc.account_latest_due(views()[0], ledger, NOW)
+    assert missed.state == acc.STATE_MISSED
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert (row["status"], row["runs_path"]) == ("MISSED", None)
+    assert "`dueledger launch strict_task --operator NAME --reason TEXT`" in missed.detail
+    entry = scheduled(ledger, LATEST)
+    ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=LATEST)
+    ledger.succeed(entry.id, "run-1", now=LATEST + timedelta(seconds=30))
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert (row["status"], row["passed"], row["lag_seconds"]) == ("success", True, 0)
+    assert row["next"] == f"`dueledger runs show {entry.id}`"
+    page = latest_dues_markdown([row], "x")
+    assert "**FAILING**" not in page and "| 0 s |" in page
+    late = latest_dues_markdown([{**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58}], "x")
+    assert "| 13 h 21 min |" in late

@@ -1,0 +1,225 @@
+"""Is a due missed? One answer from every reader, on both backends (issue 23, item 4), and
+Dagster's schedule state mirrored into the ledger by the outcome sensor's service.
+
+Regression: a deployment started at 14:53 reported the 14:45 due of order_cleanup as missed
+(`summary`, ledger_health, the slot-health alert) while the task's asset check said it passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+from dagster_internals import (
+    CodeTarget,
+    daemon_instance,
+    daemon_workspace,
+    run_scheduler_tick,
+    start_schedules,
+    stop_schedules,
+)
+from sensor_support import LEDGER_DEFS
+
+from orchestration.services.accounting import (
+    STATE_MISSED,
+    STATE_NEW,
+    STATE_PAUSED,
+    STATE_SUCCESS,
+    account_latest_due,
+)
+from orchestration.services.audit import audit_tasks
+from orchestration.services.scheduling import sync_schedules
+from orchestration.services.summary import ledger_summary
+from resources.core import tags as t
+from resources.core.due import format_due
+from resources.core.operators import UI_OPERATOR
+from resources.core.plans import EverySlots
+from resources.core.registry import TaskSpec, build_views
+from resources.ledger import RunLedger, dedup_key_for_due
+
+SLOT = timedelta(minutes=15)
+SPEC = TaskSpec(
+    key="order_cleanup",
+    rule=EverySlots(1),
+    declared_cadence="every slot",
+    asset="order_cleanup",
+    timeout=timedelta(minutes=5),
+    lease_ttl=timedelta(minutes=10),
+)
+(VIEW,) = build_views([SPEC], 15, "UTC")
+DAY = datetime(2026, 12, 4, tzinfo=UTC)
+
+
+def at(hh: int, mm: int) -> datetime:
+    return DAY.replace(hour=hh, minute=mm)
+
+
+def ran(ledger: RunLedger, due: datetime, trigger: str = t.TRIGGER_SCHEDULE) -> None:
+    entry = ledger.ensure_entry(
+        task_key=SPEC.key, trigger=trigger, dedup_key=dedup_key_for_due(due), due=due, now=due
+    )
+    assert ledger.claim(entry.id, f"run-{due:%H%M}", lease_ttl=SLOT, now=due).claimed
+    assert ledger.succeed(entry.id, f"run-{due:%H%M}", now=due + timedelta(minutes=1))
+
+
+def dues(start: datetime, end: datetime) -> list[datetime]:
+    out, due = [], start
+    while due < end:
+        out.append(due)
+        due += SLOT
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    """A ledger's history and what every reader must say of it at ``now``."""
+
+    now: datetime
+    missed: list[datetime]
+    paused: list[datetime]
+    check_state: str
+    check_passed: bool
+
+
+def fresh_start(ledger: RunLedger) -> Case:
+    # The deployment's scheduler first ran the task's schedule at 14:53, and someone
+    # launched the task by hand at 14:55 (its first activity is in the 14:45 slot).
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(14, 53), now=at(14, 53)
+    )
+    manual = ledger.ensure_entry(
+        task_key=SPEC.key, trigger=t.TRIGGER_MANUAL, dedup_key="manual:first", now=at(14, 55)
+    )
+    assert ledger.claim(manual.id, "run-manual", lease_ttl=SLOT, now=at(14, 55)).claimed
+    return Case(at(15, 7), [], [], STATE_NEW, True)
+
+
+def downtime(ledger: RunLedger) -> Case:
+    # Running since 10:00; the daemon was down from 12:00 until after 12:45.
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    )
+    for due in dues(at(10, 0), at(12, 0)):
+        ran(ledger, due)
+    return Case(at(13, 7), dues(at(12, 0), at(13, 0)), [], STATE_MISSED, False)
+
+
+def pause(ledger: RunLedger) -> Case:
+    # Stopped in the Dagster UI at 11:50 (seen then), started again at 12:50.
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    )
+    for due in dues(at(10, 0), at(12, 0)):
+        ran(ledger, due)
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=False, started_at=None, now=at(11, 50)
+    )
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 50), now=at(12, 51)
+    )
+    return Case(at(13, 7), [], dues(at(12, 0), at(13, 0)), STATE_PAUSED, True)
+
+
+def catch_up(ledger: RunLedger) -> Case:
+    # The daemon was down from 12:00; the catch-up sensor launched each missed due since.
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    )
+    for due in dues(at(10, 0), at(12, 0)):
+        ran(ledger, due)
+    for due in dues(at(12, 0), at(13, 0)):
+        ran(ledger, due, trigger=t.TRIGGER_SENSOR)
+    return Case(at(13, 7), [], [], STATE_SUCCESS, True)
+
+
+@pytest.mark.parametrize("history", [fresh_start, downtime, pause, catch_up])
+def test_summary_ledger_health_and_the_asset_check_give_one_answer(ledger, history) -> None:
+    case = history(ledger)
+
+    (audit,) = audit_tasks(ledger, [VIEW], case.now)
+    summary = ledger_summary(ledger, [VIEW], case.now)
+    check = account_latest_due(VIEW, ledger, case.now)
+
+    assert list(audit.missed) == case.missed
+    assert list(audit.paused) == case.paused
+    (row,) = summary["tasks"]
+    assert row["missed_dues"] == [format_due(d) for d in case.missed]
+    assert (summary["missed_24h"], summary["paused_24h"]) == (len(case.missed), len(case.paused))
+    assert (check.state, check.passed) == (case.check_state, case.check_passed)
+    # The check's due is the audit's latest: missed for one, missed for the other.
+    assert (check.state == STATE_MISSED) == (check.due is not None and check.due.at in audit.missed)
+
+
+def test_a_task_nothing_ran_yet_is_not_audited(ledger) -> None:
+    (audit,) = audit_tasks(ledger, [VIEW], at(13, 7))
+    assert (audit.start, audit.missed) == (None, ())
+    assert account_latest_due(VIEW, ledger, at(13, 7)).state == STATE_NEW
+
+
+def test_a_restart_between_two_observations_is_recorded_as_a_pause(ledger) -> None:
+    ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(11, 55)
+    )
+    # Next seen at 13:00, running since 12:40: stopped and started again in between.
+    changes = ledger.observe_schedule(
+        SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 40), now=at(13, 0)
+    )
+    assert changes == [f"schedule {SPEC.schedule_name} restarted: the gap is a pause"]
+    (gap,) = ledger.pauses(SPEC.key)
+    assert (gap.start, gap.end, gap.by) == (at(11, 55), at(12, 40), UI_OPERATOR)
+    assert ledger.schedule_states()[SPEC.key].first_started_at == at(10, 0)
+
+
+# --- Dagster's schedule state, mirrored by the outcome sensor's service ----------------------
+
+
+def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
+    ledger_url: str, ledger: RunLedger, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DUELEDGER_DATABASE_URL", ledger_url)
+    target = CodeTarget.from_file(LEDGER_DEFS, attribute="dispatch_defs")
+    views = build_views([_strict()], 15, "UTC")
+    first = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    with daemon_instance(temp_dir=tmp_path / "home") as instance:
+        with daemon_workspace(instance, target) as ctx:
+            # The daemon's first iteration records the schedule as running since then.
+            run_scheduler_tick(ctx, first)
+        assert sync_schedules(instance, ledger, views, first + timedelta(minutes=1)) == [
+            "strict_task: schedule strict_task_schedule first seen running"
+        ]
+        state = ledger.schedule_states()["strict_task"]
+        assert (state.status, state.first_started_at) == ("running", first)
+        assert sync_schedules(instance, ledger, views, first + timedelta(minutes=2)) == []
+
+        # The UI's toggle stops it: a pause by dagster-ui, open.
+        assert stop_schedules(instance, target) == ["strict_task_schedule"]
+        stopped_at = datetime.now(UTC)
+        assert sync_schedules(instance, ledger, views, stopped_at) == [
+            "strict_task: schedule strict_task_schedule stopped: paused"
+        ]
+        (opened,) = ledger.pauses("strict_task")
+        assert (opened.by, opened.end) == (UI_OPERATOR, None)
+        assert "strict_task_schedule stopped in Dagster" in opened.reason
+
+        # Started again: the pause closes; the first start stays the earliest.
+        start_schedules(instance, target, ["strict_task_schedule"])
+        assert sync_schedules(instance, ledger, views, stopped_at + timedelta(minutes=1)) == [
+            "strict_task: schedule strict_task_schedule running again: resumed"
+        ]
+        (closed,) = ledger.pauses("strict_task")
+        assert closed.end == stopped_at + timedelta(minutes=1)
+        assert ledger.schedule_states()["strict_task"].first_started_at == first
+
+
+def _strict() -> TaskSpec:
+    from sensor_support import fixture_module
+
+    return fixture_module().STRICT
+
+
+def test_sync_ignores_schedules_the_scheduler_has_not_recorded(ledger: RunLedger) -> None:
+    with dg.instance_for_test() as instance:
+        assert sync_schedules(instance, ledger, [VIEW], at(13, 0)) == []
+    assert ledger.schedule_states() == {}
