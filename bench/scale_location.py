@@ -41,17 +41,19 @@ def dueledger_definitions():  # -> dg.Definitions (imported lazily: see the modu
     import dagster as dg
 
     from assets.domain_config import domain_resources
-    from orchestration.catalog import build_resources, plugin_task_assets, task_views
+    from orchestration.catalog import build_resources, plugin_task_assets
     from orchestration.checks import build_ledger_checks, build_task_checks
     from orchestration.factory import build_task_definitions
     from orchestration.services.hooks import Hooks
+    from orchestration.services.views import task_views
+    from resources.core.instants import utc_now
     from resources.core.settings import load_settings
     from sensors import build_sensors
 
     settings = load_settings()
     hooks = Hooks.from_environment()
     views = [v for v in task_views(settings) if v.spec.from_plugin]
-    jobs, schedules = build_task_definitions(views, hooks=hooks)
+    jobs, schedules = build_task_definitions(views, hooks=hooks, loaded_at=utc_now())
     return dg.Definitions(
         assets=[task.build(hooks) for task in plugin_task_assets(settings)],
         asset_checks=[*build_task_checks(views), *build_ledger_checks(views)],
@@ -59,6 +61,7 @@ def dueledger_definitions():  # -> dg.Definitions (imported lazily: see the modu
         schedules=schedules,
         sensors=build_sensors(views),
         resources={**build_resources(settings), **domain_resources()},
+        executor=dg.in_process_executor,
     )
 
 
