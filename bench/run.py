@@ -25,6 +25,8 @@ script merges them:
   with as many jobs and cron schedules: load, scheduling per due, ``dagster dev`` CPU over
   slot boundaries, due -> start latency, stored rows per day, drain, the ledger sensors'
   tick on 10,000 and 100,000 entries (issue 25's targets).
+- ``run_parts``: ``bench/run_parts.py`` -- a task run's CPU part by part (import Dagster,
+  open the instance, load the location, resolve the job, execute) vs a one-asset run.
 - ``metrics``: ``bench/metrics_scrape.py`` -- one Prometheus scrape of `dueledger metrics
   serve` vs ``SELECT count(*)`` on the same ledger, before and after migration 0005 (target
   <= 200 ms at 1,000,000 entries).
@@ -470,6 +472,8 @@ BENCHES: tuple[Bench, ...] = (
             *("--settle", "30", "--drain-runs", "40", "--ledger-sizes", "10000,100000"),
         ),
     ),
+    # Where a task run's CPU goes, part by part, against a one-asset run (issue 25, item 4).
+    Bench("run_parts", "run_parts.py", ("--repeat", "3"), ("--repeat", "5")),
     Bench(
         "metrics",
         "metrics_scrape.py",
