@@ -189,7 +189,7 @@ def load_rows(locs: dict[int, dict[str, Location]], repeat: int, work: Path) -> 
         {n: {s: [c.cpu for c in v[s]] for s in SIDES} for n, v in costs.items()},
     )
     failed = [
-        f"{side} N={n}: `dagster definitions validate` failed (log in {work})"
+        f"{side} N={n}: `dagster definitions validate` failed or refused a task (log in {work})"
         for n, by_side in costs.items()
         for side, found in by_side.items()
         if not all(c.ok for c in found)

@@ -37,7 +37,7 @@ from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, TaskRun, task_run
 from orchestration.services.task_plugins import registered_tasks
 from resources.core.policies import uses_task_pool
-from resources.core.registry import find_task, require_task
+from resources.core.registry import TaskSpec, find_task, require_task
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.
@@ -56,8 +56,13 @@ class TaskAsset:
     body: TaskBody
     asset_kwargs: Mapping[str, Any]
 
-    def build(self, hooks: Hooks) -> dg.AssetsDefinition:
-        """The Dagster asset: ``body`` inside the claim wrapper, firing ``hooks``."""
+    def build(self, hooks: Hooks, *, spec: TaskSpec | None = None) -> dg.AssetsDefinition:
+        """The Dagster asset: ``body`` inside the claim wrapper, firing ``hooks``.
+
+        ``spec``: the task's spec when the caller has it -- the plugin loader checks each
+        plugin task's asset while it builds the registry, so it cannot ask the registry (that
+        loaded the registry again for every plugin task: quadratic, and a RecursionError at a
+        few hundred plugin tasks). Otherwise the registered spec decides the pool."""
         task_key, body = self.task_key, self.body
         signature = _dagster_signature(body)
         wants_ledger = _LEDGER in inspect.signature(body).parameters
@@ -85,7 +90,7 @@ class TaskAsset:
         # DESIGN overlap: a ``queue`` task's asset sits in a pool named after the task (one
         # slot: later runs wait in the run queue); under skip, buffer_one and replace a second
         # run must start to be decided by the ledger, and ``allow`` runs side by side.
-        declared = find_task(registered_tasks(), task_key)
+        declared = spec if spec is not None else find_task(registered_tasks(), task_key)
         pool = task_key if declared is None or uses_task_pool(declared.overlap_policy) else None
         return dg.asset(name=task_key, pool=pool, output_required=False, **self.asset_kwargs)(
             compute

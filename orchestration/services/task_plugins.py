@@ -71,7 +71,7 @@ class TaskAssetLike(Protocol):
     @property
     def task_key(self) -> str: ...
 
-    def build(self, hooks: Hooks) -> Any: ...
+    def build(self, hooks: Hooks, *, spec: TaskSpec | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -372,7 +372,7 @@ def _checked(task: PluginTask, origin: PluginOrigin, slot_minutes: int) -> TaskS
     try:
         # Built once here, with no hooks, to check it; the code location builds it again
         # against its own hooks (a Dagster asset is cheap to build).
-        built = asset.build(Hooks.of(HookRegistry()))
+        built = asset.build(Hooks.of(HookRegistry()), spec=spec)
     except Exception as exc:
         return f"{what}: asset: building it failed: {_error_text(exc)}"
     problem = _check_asset(task, built)

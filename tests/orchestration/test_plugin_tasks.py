@@ -557,3 +557,20 @@ def test_an_installed_plugin_task_runs_and_after_uninstall_its_runs_end_unsuppor
     assert "task_registered" in b["retry"]["output"]["error"]
     assert source_tag in b["retry"]["output"]["error"]
     assert b["entries_after_retry"] == b["entries"]
+
+
+def test_loading_many_plugin_tasks_never_asks_the_registry_being_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Checking a plugin task's asset builds it; the build must take the spec it is given, not
+    # ask the process registry -- which is what is being loaded: that loaded it again for
+    # every plugin task (quadratic; a RecursionError at a few hundred plugin tasks).
+    import orchestration.task_asset as task_asset_module
+
+    def no_registry(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the plugin loader asked the registry it is loading")
+
+    monkeypatch.setattr(task_asset_module, "registered_tasks", no_registry)
+    registry = load(entry_point("cases", "GOOD"), entry_point("more", "FACTORY"), allow="cases")
+    assert errors_of(registry) == []
+    assert [a.task_key for a in registry.plugin_assets] == ["case_alpha", "case_beta"]
