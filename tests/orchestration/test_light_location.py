@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_support import scheduled
 
 from orchestration.tasks import TASKS
 from resources.core import tags as t
@@ -118,11 +119,8 @@ def _tags(job: str) -> dict[str, str]:
     (spec,) = [s for s in TASKS if f"{s.key}_job" == job]
     if spec.manual_trigger:
         return {}
-    return {
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
-        t.TAG_DUE: format_due(datetime(2026, 11, 30, 22, 45, tzinfo=UTC)),
-        "dagster/schedule_name": spec.schedule_name,
-    }
+    due = format_due(datetime(2026, 11, 30, 22, 45, tzinfo=UTC))
+    return scheduled({t.TAG_TASK: spec.key, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: due})
 
 
 @pytest.mark.parametrize(
