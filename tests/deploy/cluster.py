@@ -244,14 +244,19 @@ def task_runs(instance: dg.DagsterInstance, tasks: Sequence[str]) -> list[dg.Dag
 
 
 class Observer(threading.Thread):
-    """Polls the ledger; notes when each entry was first seen reclaimed (a ``release`` record
-    whose time is surely after the reclaim committed) and every fault the test reports."""
+    """Polls the ledger; notes when each claim of an entry was first seen ended (a ``release``
+    record per entry and claim generation, whose time is surely after the change committed:
+    ``reclaim`` for a lease reclaim, ``success``, or ``fail`` for any other way the ledger
+    took the entry from the claim's run -- an attempt failed by the outcome sensor after
+    Dagster ended the run, a dispatch failure of a later retry) and every fault the test
+    reports."""
 
     def __init__(self, ledger_url: str) -> None:
         super().__init__(name="history-observer", daemon=True)
         self.ledger_url = ledger_url
         self.stop_event = threading.Event()
-        self.releases: dict[int, Record] = {}
+        #: (entry id, claim generation) -> the release record of that claim.
+        self.releases: dict[tuple[int, int], Record] = {}
         self.faults: list[Record] = []
         self.errors: list[BaseException] = []
 
@@ -260,11 +265,16 @@ class Observer(threading.Thread):
             {"type": "fault", "kind": kind, "target": target, "at": stamp(now()), **detail}
         )
 
+    def release_of(self, entry_id: int) -> Record | None:
+        """The first release seen of ``entry_id`` (None: none yet)."""
+        seen = [r for (entry, _), r in self.releases.items() if entry == entry_id]
+        return min(seen, key=lambda r: r["token"]) if seen else None
+
     def run(self) -> None:
         engine = sa.create_engine(self.ledger_url, pool_pre_ping=True)
         query = sa.text(
-            "SELECT id, run_ids, claim_generation FROM dueledger_entries "
-            "WHERE failure_kind = 'lease_reclaimed'"
+            "SELECT id, run_ids, claim_generation, status, failure_kind FROM dueledger_entries "
+            f"WHERE claim_generation > 0 AND status <> '{t.STATUS_RUNNING}'"
         )
         try:
             while not self.stop_event.wait(0.5):
@@ -274,20 +284,24 @@ class Observer(threading.Thread):
                 except sa.exc.OperationalError:
                     continue  # PostgreSQL restarting or cut off: look again
                 for row in rows:
-                    if row.id not in self.releases:
-                        runs = (
-                            row.run_ids
-                            if isinstance(row.run_ids, list)
-                            else json.loads(row.run_ids)
-                        )
-                        self.releases[row.id] = {
-                            "type": "release",
-                            "entry_id": row.id,
-                            "run_id": runs[-1],
-                            "token": int(row.claim_generation),
-                            "how": "reclaim",
-                            "at": stamp(now()),
-                        }
+                    key = (int(row.id), int(row.claim_generation))
+                    if key in self.releases:
+                        continue
+                    runs = row.run_ids if isinstance(row.run_ids, list) else json.loads(row.run_ids)
+                    if row.failure_kind == t.FAILURE_LEASE_RECLAIMED:
+                        how = "reclaim"
+                    else:
+                        how = "success" if row.status == t.STATUS_SUCCESS else "fail"
+                    self.releases[key] = {
+                        "type": "release",
+                        "entry_id": key[0],
+                        "run_id": runs[-1] if runs else None,
+                        "token": key[1],
+                        "how": how,
+                        "status": row.status,
+                        "failure_kind": row.failure_kind,
+                        "at": stamp(now()),
+                    }
         except BaseException as exc:  # reported by the test
             self.errors.append(exc)
         finally:
