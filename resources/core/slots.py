@@ -7,6 +7,7 @@ about, so schedules, sensors, the CLI and the tests all agree on the same arithm
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -83,10 +84,14 @@ def cron_fire_times(cron: str, timezone: str, start: datetime, end: datetime) ->
 
     Bounded to a few thousand fires so a pathological call cannot run away.
     """
+    end_utc = as_utc(end)
+    if timezone == "UTC" and _repeats_daily(cron):
+        day = _minutes_of_day(cron)
+        if day is not None:
+            return _daily_fire_times(day, as_utc(start), end_utc)
     tz = ZoneInfo(timezone)
     itr = croniter(cron, as_utc(start).astimezone(tz) - timedelta(microseconds=1))
     fires: list[datetime] = []
-    end_utc = as_utc(end)
     while len(fires) < 100_000:
         fire = as_utc(itr.get_next(datetime))
         if fire >= end_utc:
@@ -101,11 +106,11 @@ def _min_gap_minutes(instants: list[datetime]) -> int | None:
     return min(gaps) if gaps else None
 
 
-def _daily_fires(cron: str) -> tuple[datetime, ...] | None:
-    """The sample of a UTC cron that names no day, month or weekday, without stepping
-    croniter: every (hour, minute) of its fields on each day after the sample start -- the
-    same fires croniter would give (a test compares them). None when a field is not a plain
-    list of numbers (croniter's own stepping then decides)."""
+@functools.cache  # pure; every due listing of a daily cron asks
+def _minutes_of_day(cron: str) -> tuple[int, ...] | None:
+    """The minutes of the day a cron that names no day, month or weekday fires at, from its
+    minute and hour fields; None when a field is not a plain list of numbers (croniter's
+    own stepping then decides)."""
     fields, _ = croniter.expand(cron)
     minute_field = list(range(60)) if fields[0] == ["*"] else fields[0]
     hour_field = list(range(24)) if fields[1] == ["*"] else fields[1]
@@ -113,7 +118,31 @@ def _daily_fires(cron: str) -> tuple[datetime, ...] | None:
     hours = [v for v in hour_field if isinstance(v, int)]
     if len(minutes) != len(minute_field) or len(hours) != len(hour_field):
         return None
-    day = sorted({h * 60 + m for h in hours for m in minutes})
+    return tuple(sorted({h * 60 + m for h in hours for m in minutes}))
+
+
+def _daily_fire_times(day: Sequence[int], start: datetime, end: datetime) -> list[datetime]:
+    """:func:`cron_fire_times` of a UTC cron firing at minutes ``day`` of every day: the same
+    fires croniter steps to (a test compares them), a few list items per day instead."""
+    midnight = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    fires: list[datetime] = []
+    while midnight < end and len(fires) < 100_000:
+        for minute in day:
+            fire = midnight + timedelta(minutes=minute)
+            if start <= fire < end:
+                fires.append(fire)
+        midnight += timedelta(days=1)
+    return fires
+
+
+def _daily_fires(cron: str) -> tuple[datetime, ...] | None:
+    """The sample of a UTC cron that names no day, month or weekday, without stepping
+    croniter: every (hour, minute) of its fields on each day after the sample start -- the
+    same fires croniter would give (a test compares them). None when a field is not a plain
+    list of numbers (croniter's own stepping then decides)."""
+    day = _minutes_of_day(cron)
+    if day is None:
+        return None
     fires: list[datetime] = []
     for offset in range(_DAILY_SPAN.days + 1):
         for minute in day:

@@ -295,3 +295,41 @@ def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
             break
         stepped.append(fire)
     assert _sample_fires.__wrapped__(cron, "UTC") == tuple(stepped)
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "* * * * *",
+        "*/5 * * * *",
+        "0 0 * * *",
+        "17 3 * * *",
+        "5,35 */6 * * *",
+        "*/13 2-5 * * *",
+        "45 23 * * *",
+        "0 * * * *",
+        "0-10/3 9-17/4 * * *",
+    ],
+)
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        (datetime(2026, 11, 30, 22, 45, tzinfo=UTC), datetime(2026, 12, 2, 1, 0, tzinfo=UTC)),
+        # mid-minute bounds, a month's end, a window inside one hour
+        (datetime(2027, 2, 27, 3, 4, 30, tzinfo=UTC), datetime(2027, 3, 1, 9, 17, 1, tzinfo=UTC)),
+        (datetime(2026, 6, 1, 2, 0, tzinfo=UTC), datetime(2026, 6, 1, 2, 59, tzinfo=UTC)),
+    ],
+)
+def test_a_daily_utc_crons_fire_times_are_the_ones_croniter_steps_to(cron, start, end):
+    # Issue 25: every load lists each task's next dues; a daily UTC cron's fires come from its
+    # minute and hour fields, and they must be the very instants croniter steps to.
+    from croniter import croniter
+
+    from resources.core.instants import as_utc
+    from resources.core.slots import cron_fire_times
+
+    itr = croniter(cron, start - timedelta(microseconds=1))
+    stepped = []
+    while (fire := as_utc(itr.get_next(datetime))) < end:
+        stepped.append(fire)
+    assert cron_fire_times(cron, "UTC", start, end) == stepped
