@@ -355,7 +355,10 @@ def test_services_on_separate_hosts_survive_partitions_and_a_postgres_restart(
             refused
         )
     else:
-        assert (release["how"], release["failure_kind"]) == ("fail", "timeout"), release
+        # First seen ``timeout``, or already ``dispatch`` when Dagster's retry failed to start
+        # (the workers still cut off) before the outcome sensor's tick that took both ends.
+        assert release["how"] == "fail", release
+        assert release["failure_kind"] in ("timeout", "dispatch"), release
         assert slow_run in refused["run_ids"], refused
     assert found["dues"] == TASKS * SLOTS and not observer.errors, report
     # The work was done, not only kept from doubling: every due was claimed by a run that
