@@ -41,21 +41,20 @@ def dueledger_definitions():  # -> dg.Definitions (imported lazily: see the modu
     import dagster as dg
 
     from assets.domain_config import domain_resources
-    from orchestration.catalog import build_resources, plugin_task_assets
+    from orchestration.catalog import build_resources, location_hooks, plugin_task_definitions
     from orchestration.checks import build_ledger_checks, build_task_checks
     from orchestration.factory import build_task_definitions
-    from orchestration.services.hooks import Hooks
     from orchestration.services.views import task_views
     from resources.core.instants import utc_now
     from resources.core.settings import load_settings
     from sensors import build_sensors
 
     settings = load_settings()
-    hooks = Hooks.from_environment()
+    hooks = location_hooks(settings)
     views = [v for v in task_views(settings) if v.spec.from_plugin]
     jobs, schedules = build_task_definitions(views, hooks=hooks, loaded_at=utc_now())
     return dg.Definitions(
-        assets=[task.build(hooks) for task in plugin_task_assets(settings)],
+        assets=plugin_task_definitions(hooks, settings),
         asset_checks=[*build_task_checks(views), *build_ledger_checks(views)],
         jobs=jobs,
         schedules=schedules,

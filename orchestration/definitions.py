@@ -11,10 +11,9 @@ from assets.domain_assets import DOMAIN_ASSETS
 from assets.domain_config import domain_resources
 from assets.ledger_health import ledger_health
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import build_resources, plugin_task_assets
+from orchestration.catalog import build_resources, location_hooks, plugin_task_definitions
 from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.factory import build_task_definitions
-from orchestration.services.hooks import Hooks
 from orchestration.services.task_plugins import TaskAssetLike
 from orchestration.services.views import task_views
 from resources.core.instants import utc_now
@@ -23,21 +22,19 @@ from sensors import SENSORS
 
 _settings = load_settings()
 # The code location's plugin hooks, built once; listeners load on first use, not here.
-_hooks = Hooks.from_environment()
+_hooks = location_hooks(_settings)
 _views = task_views(_settings)
 # The schedules' metadata lists each task's next dues as of this load.
 _jobs, _schedules = build_task_definitions(_views, hooks=_hooks, loaded_at=utc_now())
-# Core task assets, then those of the allowed plugin tasks (entry points `dueledger.tasks`).
-_task_assets: list[TaskAssetLike] = [
-    *TASK_ASSETS,
-    *DOMAIN_ASSETS,
-    ledger_health,
-    *SLOT_TICK_ASSETS,
-    *plugin_task_assets(_settings),
-]
+_task_assets: list[TaskAssetLike] = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
 
 defs = dg.Definitions(
-    assets=[task.build(_hooks) for task in _task_assets],
+    # Core task assets, then those of the allowed plugin tasks (entry points
+    # `dueledger.tasks`), which the registry built against these hooks while checking them.
+    assets=[
+        *(task.build(_hooks) for task in _task_assets),
+        *plugin_task_definitions(_hooks, _settings),
+    ],
     asset_checks=[*build_task_checks(_views), *build_ledger_checks(_views)],
     jobs=_jobs,
     schedules=_schedules,

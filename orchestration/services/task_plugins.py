@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
-from orchestration.services.hooks import ENV_HOOKS_FILE, HookRegistry, Hooks
+from orchestration.services.hooks import ENV_HOOKS_FILE, Hooks
 from orchestration.services.hooks.loading import plugin_items
 from orchestration.services.hooks.model import cut_text, error_text
 from orchestration.tasks import TASKS
@@ -139,6 +139,8 @@ class FoundTask:
     asset: TaskAssetLike
     origin: PluginOrigin
     allowed: bool
+    #: The Dagster asset the loader built to check it, against the registry's ``hooks``.
+    built: Any = field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -162,6 +164,8 @@ class TaskRegistry:
     load_errors: tuple[PluginLoadError, ...] = ()
     allow: tuple[str, ...] = ()
     config_file: str | None = None
+    #: The environment's listeners (loaded on first use) the plugin assets were built against.
+    hooks: Hooks | None = field(default=None, compare=False, repr=False)
 
     @property
     def plugin_assets(self) -> tuple[TaskAssetLike, ...]:
@@ -346,9 +350,11 @@ def _check_asset(task: PluginTask, built: Any) -> str | None:
     return None
 
 
-def _checked(task: PluginTask, origin: PluginOrigin, slot_minutes: int) -> TaskSpec | str:
-    """The task's spec (its source set) when spec and asset are valid, else the load error
-    text naming the plugin, the task and the field."""
+def _checked(
+    task: PluginTask, origin: PluginOrigin, slot_minutes: int, hooks: Hooks
+) -> tuple[TaskSpec, Any] | str:
+    """The task's spec (its source set) and its asset built against ``hooks`` when spec and
+    asset are valid, else the load error text naming the plugin, the task and the field."""
     spec = task.spec
     if not isinstance(spec, TaskSpec):
         return f"plugin task of {origin.label()}: spec: {spec!r} is not a TaskSpec"
@@ -370,13 +376,12 @@ def _checked(task: PluginTask, origin: PluginOrigin, slot_minutes: int) -> TaskS
     if asset.task_key != spec.key:
         return f"{what}: asset: it is the asset of task {asset.task_key!r}, not {spec.key!r}"
     try:
-        # Built once here, with no hooks, to check it; the code location builds it again
-        # against its own hooks (a Dagster asset is cheap to build).
-        built = asset.build(Hooks.of(HookRegistry()), spec=spec)
+        # Built to check it, against the registry's hooks; the code location uses this build.
+        built = asset.build(hooks, spec=spec)
     except Exception as exc:
         return f"{what}: asset: building it failed: {_error_text(exc)}"
     problem = _check_asset(task, built)
-    return f"{what}: asset: {problem}" if problem else spec
+    return f"{what}: asset: {problem}" if problem else (spec, built)
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -408,6 +413,7 @@ def load_task_registry(
     each with a load error naming both sources.
     """
     environ = os.environ if environ is None else environ
+    hooks = Hooks.from_environment()
     errors: list[PluginLoadError] = []
     allow, config_file = allow_list(environ, errors)
     if entry_points is None:
@@ -431,15 +437,16 @@ def load_task_registry(
             )
             continue
         for item in items:
-            checked = _checked(item, origin, slot_minutes)
+            outcome = _checked(item, origin, slot_minutes, hooks)
             key = str(getattr(item.spec, "key", "?"))
-            if isinstance(checked, str):
+            if isinstance(outcome, str):
                 errors.append(
                     PluginLoadError(
-                        ERROR_ENTRY_POINT, ep.name, checked, ep.value, origin.source, key
+                        ERROR_ENTRY_POINT, ep.name, outcome, ep.value, origin.source, key
                     )
                 )
                 continue
+            checked, built = outcome
             allowed = _allowed(allow, origin, key)
             earlier = sources.get(key) if (allowed or sources.get(key) == SOURCE_CORE) else None
             if earlier is not None:
@@ -459,7 +466,7 @@ def load_task_registry(
             if allowed:
                 sources[key] = origin.source
                 registered.append(checked)
-            found.append(FoundTask(checked, item.asset, origin, allowed))
+            found.append(FoundTask(checked, item.asset, origin, allowed, built))
     for name in allow:
         # A name of a plugin that failed to load has its own load error already.
         known = any(_allowed([name], f.origin, f.spec.key) for f in found) or any(
@@ -474,7 +481,9 @@ def load_task_registry(
                     f"is no installed task plugin, entry point or plugin task",
                 )
             )
-    registry = TaskRegistry(tuple(registered), tuple(found), tuple(errors), allow, config_file)
+    registry = TaskRegistry(
+        tuple(registered), tuple(found), tuple(errors), allow, config_file, hooks
+    )
     if log_errors:
         for problem in registry.load_errors:
             LOGGER.warning(

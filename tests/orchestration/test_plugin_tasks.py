@@ -574,3 +574,32 @@ def test_loading_many_plugin_tasks_never_asks_the_registry_being_loaded(
     registry = load(entry_point("cases", "GOOD"), entry_point("more", "FACTORY"), allow="cases")
     assert errors_of(registry) == []
     assert [a.task_key for a in registry.plugin_assets] == ["case_alpha", "case_beta"]
+
+
+def test_the_code_location_builds_each_plugin_tasks_asset_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The loader builds a plugin task's asset to check it, against the registry's hooks; the
+    # code location takes that build (issue 25: building each one twice was a tenth of a
+    # 500-task location's load). Other hooks still get assets of their own, firing them.
+    import orchestration.task_asset as task_asset_module
+    from orchestration.catalog import plugin_definitions
+
+    built: list[str] = []
+    original = task_asset_module.TaskAsset.build
+
+    def counting(self: Any, hooks_: Any, *, spec: Any = None) -> Any:
+        built.append(self.task_key)
+        return original(self, hooks_, spec=spec)
+
+    monkeypatch.setattr(task_asset_module.TaskAsset, "build", counting)
+    registry = load(entry_point("cases", "GOOD"), allow="cases")
+    keys = ["case_alpha", "case_beta"]
+    assert registry.hooks is not None and built == keys
+    assets = plugin_definitions(registry, registry.hooks)
+    assert built == keys  # not built again
+    assert [a.key.to_user_string() for a in assets] == keys
+    assert all(a is f.built for a, f in zip(assets, registry.found, strict=True))
+    other = hooks.Hooks.of(hooks.HookRegistry())
+    rebuilt = plugin_definitions(registry, other)
+    assert built == keys + keys and not any(a is b for a, b in zip(assets, rebuilt, strict=True))
