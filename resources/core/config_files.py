@@ -39,11 +39,13 @@ def read_config_file(path: Path, where: str, *, max_bytes: int = MAX_CONFIG_BYTE
         raise
     except OSError as exc:
         raise ConfigFileError(f"{where}: cannot open the file: {exc.strerror or exc}") from None
+    # Checked on the descriptor, before Python wraps it: wrapping a folder's raises.
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a device, pipe or socket"
+        raise ConfigFileError(f"{where}: {kind}, not a regular file; name a TOML file")
     with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a device, pipe or socket"
-            raise ConfigFileError(f"{where}: {kind}, not a regular file; name a TOML file")
         try:
             data = handle.read(max_bytes + 1)
         except OSError as exc:

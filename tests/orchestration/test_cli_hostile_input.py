@@ -337,6 +337,23 @@ def test_dev_zero_as_a_configuration_file_fails_fast_naming_the_variable(
     ]
 
 
+def test_a_folder_as_a_configuration_file_is_named_as_one(sqlite_box: Box) -> None:
+    # Found by the environment fuzz: a folder got past the open and failed in Python's
+    # wrapping of it, an IsADirectoryError with exit 1 from every command.
+    folder = str(sqlite_box.tmp)
+    for variable, args in (
+        (a.ENV_ALERTS_FILE, ["alerts", "--json"]),
+        (ENV_OPERATORS, ["summary", "--json"]),
+    ):
+        ran = run_cli(args, {**sqlite_box.env, variable: folder}, timeout=60)
+        assert f"{variable}={folder}: a folder, not a regular file" in ran.error(2)
+    for args in (["summary", "--json"], ["hooks", "--json"]):
+        ran = run_cli(args, {**sqlite_box.env, "DUELEDGER_HOOKS_FILE": folder}, timeout=60)
+        assert ran.code == 0, ran.output
+    errors = [e["error"] for e in ran.json()["load_errors"]]
+    assert errors and all("a folder, not a regular file" in e for e in errors), errors
+
+
 # --- 10: messages -------------------------------------------------------------------------------
 
 
