@@ -137,22 +137,14 @@ def _daily_fire_times(day: Sequence[int], start: datetime, end: datetime) -> lis
 
 def _daily_fires(cron: str) -> tuple[datetime, ...] | None:
     """The sample of a UTC cron that names no day, month or weekday, without stepping
-    croniter: every (hour, minute) of its fields on each day after the sample start -- the
-    same fires croniter would give (a test compares them). None when a field is not a plain
-    list of numbers (croniter's own stepping then decides)."""
+    croniter: its fires after the sample start, up to ``_DAILY_SPAN`` after it, at most
+    ``_SAMPLE_FIRES`` -- the same fires croniter would give (a test compares them). None when
+    a field is not a plain list of numbers (croniter's own stepping then decides)."""
     day = _minutes_of_day(cron)
     if day is None:
         return None
-    fires: list[datetime] = []
-    for offset in range(_DAILY_SPAN.days + 1):
-        for minute in day:
-            fire = _SAMPLE_START + timedelta(days=offset, minutes=minute)
-            if fire <= _SAMPLE_START:
-                continue  # croniter's first fire is after the start
-            if fire - _SAMPLE_START > _DAILY_SPAN or len(fires) == _SAMPLE_FIRES:
-                return tuple(fires)
-            fires.append(fire)
-    return tuple(fires)
+    after = _SAMPLE_START + timedelta(microseconds=1)  # croniter's first fire is after the start
+    return tuple(_daily_fire_times(day, after, after + _DAILY_SPAN)[:_SAMPLE_FIRES])
 
 
 @functools.cache  # pure; both cadences below read it, and every process loading the tasks asks

@@ -265,20 +265,22 @@ def test_an_aligned_cron_asks_for_the_same_dues_as_the_declared_one():
         assert all(floor_to_slot(f, slot) == f for f in aligned_fires)  # fires at its due
 
 
-@pytest.mark.parametrize(
-    "cron",
-    [
-        "* * * * *",
-        "*/5 * * * *",
-        "0 0 * * *",
-        "17 3 * * *",
-        "5,35 */6 * * *",
-        "*/13 2-5 * * *",
-        "45 23 * * *",
-        "0 * * * *",
-        "0-10/3 9-17/4 * * *",
-    ],
-)
+#: UTC crons that name no day, month or weekday: their fires come from their minute and hour
+#: fields, not from croniter's steps (resources/core/slots.py).
+DAILY_UTC_CRONS = [
+    "* * * * *",
+    "*/5 * * * *",
+    "0 0 * * *",
+    "17 3 * * *",
+    "5,35 */6 * * *",
+    "*/13 2-5 * * *",
+    "45 23 * * *",
+    "0 * * * *",
+    "0-10/3 9-17/4 * * *",
+]
+
+
+@pytest.mark.parametrize("cron", DAILY_UTC_CRONS)
 def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
     # Issue 25: such a cron's sample is computed from its fields, not by stepping croniter
     # (600 steps for a minute cron, in every process); it must be the very same instants.
@@ -297,20 +299,7 @@ def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
     assert _sample_fires.__wrapped__(cron, "UTC") == tuple(stepped)
 
 
-@pytest.mark.parametrize(
-    "cron",
-    [
-        "* * * * *",
-        "*/5 * * * *",
-        "0 0 * * *",
-        "17 3 * * *",
-        "5,35 */6 * * *",
-        "*/13 2-5 * * *",
-        "45 23 * * *",
-        "0 * * * *",
-        "0-10/3 9-17/4 * * *",
-    ],
-)
+@pytest.mark.parametrize("cron", DAILY_UTC_CRONS)
 @pytest.mark.parametrize(
     ("start", "end"),
     [
