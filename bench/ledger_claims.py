@@ -53,7 +53,7 @@ from _paths import ROOT  # first: puts the project and tests/ on sys.path
 import psycopg2
 import sqlalchemy as sa
 
-from resources.core import tags
+from resources.core.entry import Status, Trigger
 from resources.ledger import RunLedger, dedup_key_for_request
 
 TTL = timedelta(minutes=5)
@@ -160,7 +160,7 @@ def _throughput_task(mode: str, url: str, seconds: float, tag: str, barrier: Any
         return [
             ledger.ensure_entry(
                 task_key=TASK_KEY,
-                trigger=tags.TRIGGER_MANUAL,
+                trigger=Trigger.MANUAL,
                 dedup_key=dedup_key_for_request(f"{tag}-{uuid.uuid4().hex}"),
             ).id
             for _ in range(count)
@@ -261,7 +261,7 @@ def race(pool: Pool, url: str, workers: int, seconds: float) -> dict[str, int]:
         [
             ledger.ensure_entry(
                 task_key=TASK_KEY,
-                trigger=tags.TRIGGER_MANUAL,
+                trigger=Trigger.MANUAL,
                 dedup_key=dedup_key_for_request(f"race-{p}-{i}-{uuid.uuid4().hex[:8]}"),
             ).id
             for i in range(per_pair)
@@ -283,7 +283,7 @@ def race(pool: Pool, url: str, workers: int, seconds: float) -> dict[str, int]:
         assert entry is not None
         if entry.attempt > 1 or len(entry.run_ids) > 1:
             double += 1
-        if entry.status == tags.STATUS_SUCCESS and entry.attempt != 1:
+        if entry.status == Status.SUCCESS and entry.attempt != 1:
             double += 1
         refused += len(entry.summary["late_job_rejections"])
     ledger.dispose()

@@ -51,7 +51,7 @@ from _paths import ROOT  # first: puts the project and tests/ on sys.path
 
 import sqlalchemy as sa
 
-from resources.core import tags
+from resources.core.entry import TERMINAL_STATUSES, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 
@@ -64,19 +64,19 @@ INSERT_CHUNK = 20_000
 
 # Mix of the generated ledger (weights): what a year of a busy deployment looks like.
 TRIGGER_MIX = [
-    (tags.TRIGGER_SCHEDULE, 900),
-    (tags.TRIGGER_SENSOR, 40),
-    (tags.TRIGGER_BACKFILL, 30),
-    (tags.TRIGGER_MANUAL, 25),
-    (tags.TRIGGER_MANUAL_RETRY, 5),
+    (Trigger.SCHEDULE, 900),
+    (Trigger.SENSOR, 40),
+    (Trigger.BACKFILL, 30),
+    (Trigger.MANUAL, 25),
+    (Trigger.MANUAL_RETRY, 5),
 ]
 STATUS_MIX = [
-    (tags.STATUS_SUCCESS, 940),
-    (tags.STATUS_FAILED, 40),
-    (tags.STATUS_DISPATCH_FAILED, 8),
-    (tags.STATUS_QUEUED, 6),
-    (tags.STATUS_RETRYING, 3),
-    (tags.STATUS_RUNNING, 3),
+    (Status.SUCCESS, 940),
+    (Status.FAILED, 40),
+    (Status.DISPATCH_FAILED, 8),
+    (Status.QUEUED, 6),
+    (Status.RETRYING, 3),
+    (Status.RUNNING, 3),
 ]
 
 
@@ -96,11 +96,11 @@ def _row(i: int, rng: random.Random, triggers: list[str], statuses: list[str]) -
     trigger = rng.choice(triggers)
     status = rng.choice(statuses)
     origin = {
-        tags.TRIGGER_SCHEDULE: "due",
-        tags.TRIGGER_SENSOR: "due",
-        tags.TRIGGER_BACKFILL: "backfill",
-        tags.TRIGGER_MANUAL: "manual",
-        tags.TRIGGER_MANUAL_RETRY: "retry",
+        Trigger.SCHEDULE: "due",
+        Trigger.SENSOR: "due",
+        Trigger.BACKFILL: "backfill",
+        Trigger.MANUAL: "manual",
+        Trigger.MANUAL_RETRY: "retry",
     }[trigger]
     dedup = {
         "due": f"due:{due.strftime('%Y-%m-%dT%H:%M:%SZ')}",
@@ -109,8 +109,8 @@ def _row(i: int, rng: random.Random, triggers: list[str], statuses: list[str]) -
         "retry": f"retry:{max(1, i)}",
     }[origin]
     naive = created.replace(tzinfo=None)
-    finished = naive + timedelta(seconds=30) if status in tags.TERMINAL_STATUSES else None
-    running = status == tags.STATUS_RUNNING
+    finished = naive + timedelta(seconds=30) if status in TERMINAL_STATUSES else None
+    running = status == Status.RUNNING
     return {
         "task_key": task,
         "trigger": trigger,
@@ -118,21 +118,21 @@ def _row(i: int, rng: random.Random, triggers: list[str], statuses: list[str]) -
         "dedup_key": dedup,
         "due": due.replace(tzinfo=None) if origin in ("due", "backfill") else None,
         "status": status,
-        "attempt": 0 if status == tags.STATUS_QUEUED else 1,
+        "attempt": 0 if status == Status.QUEUED else 1,
         "max_attempts": 3,
         "parent_id": None,
-        "run_ids": [] if status == tags.STATUS_QUEUED else [f"run-{i}"],
+        "run_ids": [] if status == Status.QUEUED else [f"run-{i}"],
         "lease_owner": f"run-{i}" if running else None,
         "lease_expires_at": naive + timedelta(minutes=15) if running else None,
         "heartbeat_at": naive if running else None,
         "created_at": naive,
-        "started_at": naive if status != tags.STATUS_QUEUED else None,
+        "started_at": naive if status != Status.QUEUED else None,
         "finished_at": finished,
         "updated_at": finished or naive,
         "operator": "bench" if origin in ("manual", "retry") else None,
         "reason": "benchmark" if origin in ("manual", "retry") else None,
-        "failure_kind": "error" if status == tags.STATUS_FAILED else None,
-        "error": "boom" if status == tags.STATUS_FAILED else None,
+        "failure_kind": "error" if status == Status.FAILED else None,
+        "error": "boom" if status == Status.FAILED else None,
         "summary": {"late_job_rejections": [], "dispatch_failures": [], "hooks": []},
         "manual_retry_at": None,
         "manual_retry_by": None,
@@ -183,8 +183,8 @@ def queries(n: int) -> list[Query]:
     window = {"since": last - timedelta(days=30), "until": last - timedelta(days=23)}
     parts: dict[str, dict[str, Any]] = {
         "task": {"task_key": TASKS[3]},
-        "status": {"statuses": [tags.STATUS_SUCCESS]},
-        "trigger": {"trigger": tags.TRIGGER_SCHEDULE},
+        "status": {"statuses": [Status.SUCCESS]},
+        "trigger": {"trigger": Trigger.SCHEDULE},
         "window": window,
     }
     out = []
@@ -194,23 +194,21 @@ def queries(n: int) -> list[Query]:
             for name in combo:
                 filters.update(parts[name])
             out.append(Query("+".join(combo) or "(none)", filters))
-    out.append(Query("status=failed", {"statuses": [tags.STATUS_FAILED]}))
+    out.append(Query("status=failed", {"statuses": [Status.FAILED]}))
     out.append(
         Query(
             "status=failed,dispatch_failed",
-            {"statuses": [tags.STATUS_FAILED, tags.STATUS_DISPATCH_FAILED]},
+            {"statuses": [Status.FAILED, Status.DISPATCH_FAILED]},
         )
     )
-    out.append(
-        Query("task+status=failed", {"task_key": TASKS[3], "statuses": [tags.STATUS_FAILED]})
-    )
-    out.append(Query("trigger=manual_retry", {"trigger": tags.TRIGGER_MANUAL_RETRY}))
+    out.append(Query("task+status=failed", {"task_key": TASKS[3], "statuses": [Status.FAILED]}))
+    out.append(Query("trigger=manual_retry", {"trigger": Trigger.MANUAL_RETRY}))
     # Deep pages: start from a cursor half-way down the ledger (keyset must not pay for it).
     middle = START + (n // len(TASKS) // 2) * SLOT
     out.append(Query("(none), from mid-ledger", {}, start_at=middle))
     out.append(Query("task, from mid-ledger", {"task_key": TASKS[3]}, start_at=middle))
     out.append(
-        Query("status=failed, from mid-ledger", {"statuses": [tags.STATUS_FAILED]}, start_at=middle)
+        Query("status=failed, from mid-ledger", {"statuses": [Status.FAILED]}, start_at=middle)
     )
     return out
 

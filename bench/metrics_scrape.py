@@ -61,7 +61,7 @@ from run import KIND_CHECK, Row, write_json
 from orchestration.cli.exposition import LedgerCollector
 from orchestration.services.metrics import MissedDuesMemo, scrape
 from orchestration.services.views import task_views
-from resources.core import tags
+from resources.core.entry import TERMINAL_STATUSES, FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.schema import alert_deliveries, entries
 
@@ -110,26 +110,26 @@ def _row(
 ) -> dict[str, Any]:
     recent = NOW - due <= timedelta(hours=1)
     roll = rng.random()
-    trigger, origin, dedup = tags.TRIGGER_SCHEDULE, "due", f"due:{due:%Y-%m-%dT%H:%M:%SZ}"
+    trigger, origin, dedup = Trigger.SCHEDULE, "due", f"due:{due:%Y-%m-%dT%H:%M:%SZ}"
     if roll < 0.01:
-        trigger, origin, dedup = tags.TRIGGER_MANUAL, "manual", f"manual:req-{serial}"
+        trigger, origin, dedup = Trigger.MANUAL, "manual", f"manual:req-{serial}"
     elif roll < 0.015:
-        trigger, origin, dedup = tags.TRIGGER_MANUAL_RETRY, "retry", f"retry:{serial}"
-    status, kind = tags.STATUS_SUCCESS, None
+        trigger, origin, dedup = Trigger.MANUAL_RETRY, "retry", f"retry:{serial}"
+    status, kind = Status.SUCCESS, None
     roll = rng.random()
     if recent and roll < 0.3:
-        status = rng.choice([tags.STATUS_QUEUED, tags.STATUS_RUNNING])
+        status = rng.choice([Status.QUEUED, Status.RUNNING])
     elif roll < 0.03:
-        status = tags.STATUS_FAILED
-        kind = rng.choice([tags.FAILURE_ERROR] * 8 + [tags.FAILURE_TIMEOUT, "lease_reclaimed"])
+        status = Status.FAILED
+        kind = rng.choice([FailureKind.ERROR] * 8 + [FailureKind.TIMEOUT, "lease_reclaimed"])
     elif roll < 0.032:
-        status, kind = tags.STATUS_DISPATCH_FAILED, tags.FAILURE_DISPATCH
+        status, kind = Status.DISPATCH_FAILED, FailureKind.DISPATCH
     gen.statuses[status] += 1
     created = (due + timedelta(seconds=rng.randint(1, 20))).replace(tzinfo=None)
-    started = None if status == tags.STATUS_QUEUED else created + timedelta(seconds=2)
-    done = status in tags.TERMINAL_STATUSES
+    started = None if status == Status.QUEUED else created + timedelta(seconds=2)
+    done = status in TERMINAL_STATUSES
     finished = started + timedelta(seconds=rng.randint(5, 90)) if done and started else None
-    running = status == tags.STATUS_RUNNING
+    running = status == Status.RUNNING
     manual = origin != "due"
     return {
         "task_key": task,
@@ -138,10 +138,10 @@ def _row(
         "dedup_key": dedup,
         "due": None if manual else due.replace(tzinfo=None),
         "status": status,
-        "attempt": 0 if status == tags.STATUS_QUEUED else 1,
+        "attempt": 0 if status == Status.QUEUED else 1,
         "max_attempts": 3,
         "parent_id": None,
-        "run_ids": [] if status == tags.STATUS_QUEUED else [f"run-{serial}"],
+        "run_ids": [] if status == Status.QUEUED else [f"run-{serial}"],
         "lease_owner": f"run-{serial}" if running else None,
         "lease_expires_at": NOW.replace(tzinfo=None) + timedelta(minutes=10) if running else None,
         "heartbeat_at": created if running else None,

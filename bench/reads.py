@@ -44,6 +44,8 @@ import _paths  # noqa: F401  first: puts the project and tests/ on sys.path
 import sqlalchemy as sa
 from run import KIND_CHECK, Row, write_json
 
+from resources.core.entry import Trigger
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RUNS_LIST_TARGET_S = 0.4
@@ -212,7 +214,7 @@ def health_materialization(url: str, entries: int, rounds: int, now: datetime) -
             due = floor_to_slot(now, 15) + n * slot  # dues the ledger does not have yet
             tags = {
                 t.TAG_TASK: "ledger_health",
-                t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+                t.TAG_TRIGGER: Trigger.SCHEDULE,
                 t.TAG_DUE: format_due(due),
                 t.DAGSTER_SCHEDULE_NAME: "ledger_health_schedule",
             }

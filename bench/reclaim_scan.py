@@ -50,7 +50,7 @@ import sqlalchemy as sa
 from ledger_queries import SLOT, START, TASKS, build, capture_sql, explain, plan_problems
 from run import Row, write_json
 
-from resources.core import tags
+from resources.core.entry import FailureKind, Status
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 
@@ -91,12 +91,12 @@ def prepare(url: str, n: int, expired: int) -> Ledger:
         with engine.begin() as conn:
             conn.execute(
                 sa.update(entries)
-                .where(entries.c.status == tags.STATUS_RUNNING)
+                .where(entries.c.status == Status.RUNNING)
                 .values(lease_expires_at=_naive(now + LIVE_FOR))
             )
             live = set(
                 conn.execute(
-                    sa.select(entries.c.id).where(entries.c.status == tags.STATUS_RUNNING)
+                    sa.select(entries.c.id).where(entries.c.status == Status.RUNNING)
                 ).scalars()
             )
             # Spread the expired entries evenly over the ledger (old and new rows alike).
@@ -104,7 +104,7 @@ def prepare(url: str, n: int, expired: int) -> Ledger:
             candidates = list(
                 conn.execute(
                     sa.select(entries.c.id)
-                    .where(entries.c.status == tags.STATUS_SUCCESS, entries.c.id % step == 0)
+                    .where(entries.c.status == Status.SUCCESS, entries.c.id % step == 0)
                     .order_by(entries.c.id)
                 ).scalars()
             )
@@ -134,7 +134,7 @@ def reset(ledger: Ledger, engine: sa.Engine) -> None:
         sa.update(entries)
         .where(entries.c.id == sa.bindparam("b_id"))
         .values(
-            status=tags.STATUS_RUNNING,
+            status=Status.RUNNING,
             lease_owner=sa.bindparam("b_owner"),
             lease_expires_at=sa.bindparam("b_expires"),
             heartbeat_at=sa.bindparam("b_heartbeat"),
@@ -160,7 +160,7 @@ def baseline_select(conn: sa.Connection, now: datetime, limit: int) -> list[Any]
     stmt = (
         sa.select(entries)
         .where(
-            entries.c.status == tags.STATUS_RUNNING,
+            entries.c.status == Status.RUNNING,
             entries.c.lease_expires_at < _naive(now),
         )
         .order_by(entries.c.lease_expires_at, entries.c.id)
@@ -173,12 +173,12 @@ def baseline_update(conn: sa.Connection, now: datetime) -> int:
     stmt = (
         sa.update(entries)
         .where(
-            entries.c.status == tags.STATUS_RUNNING,
+            entries.c.status == Status.RUNNING,
             entries.c.lease_expires_at < _naive(now),
         )
         .values(
-            status=tags.STATUS_FAILED,
-            failure_kind=tags.FAILURE_LEASE_RECLAIMED,
+            status=Status.FAILED,
+            failure_kind=FailureKind.LEASE_RECLAIMED,
             lease_owner=None,
             lease_expires_at=None,
             finished_at=_naive(now),
@@ -198,14 +198,14 @@ def check(ledger: Ledger, engine: sa.Engine, reclaimed_ids: set[int]) -> list[st
     with engine.connect() as conn:
         running = set(
             conn.execute(
-                sa.select(entries.c.id).where(entries.c.status == tags.STATUS_RUNNING)
+                sa.select(entries.c.id).where(entries.c.status == Status.RUNNING)
             ).scalars()
         )
         reclaimed = set(
             conn.execute(
                 sa.select(entries.c.id).where(
-                    entries.c.failure_kind == tags.FAILURE_LEASE_RECLAIMED,
-                    entries.c.status == tags.STATUS_FAILED,
+                    entries.c.failure_kind == FailureKind.LEASE_RECLAIMED,
+                    entries.c.status == Status.FAILED,
                 )
             ).scalars()
         )

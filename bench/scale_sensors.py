@@ -39,6 +39,7 @@ from ledger_queries import START, TASKS, TRIGGER_MIX, _row, _weighted
 
 from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
@@ -47,7 +48,7 @@ from sensors import build_sensors
 CHANGES = 10
 SLOT_MINUTES = 15
 #: The history: every entry settled, as on a ledger whose sensors keep up.
-SETTLED_MIX = [(t.STATUS_SUCCESS, 950), (t.STATUS_FAILED, 40), (t.STATUS_DISPATCH_FAILED, 10)]
+SETTLED_MIX = [(Status.SUCCESS, 950), (Status.FAILED, 40), (Status.DISPATCH_FAILED, 10)]
 SENSOR_NAMES = (
     "ledger_outcome_sensor",
     "lease_reclaim_sensor",
@@ -99,12 +100,12 @@ def _make_changes(
     earlier = Due(due.at - timedelta(minutes=SLOT_MINUTES))
     for task in TASKS[:CHANGES]:  # dispatch_failed in this slot: re-dispatch work
         entry = ledger.ensure_entry(
-            task_key=task, trigger=t.TRIGGER_SCHEDULE, dedup_key=due.key, due=due.at, now=due.at
+            task_key=task, trigger=Trigger.SCHEDULE, dedup_key=due.key, due=due.at, now=due.at
         )
         ledger.record_dispatch_failure(entry.id, error="launch refused", run_id=None, now=due.at)
     for i, task in enumerate(TASKS[CHANGES : 2 * CHANGES]):  # expired leases: reclaim work
         entry = ledger.ensure_entry(
-            task_key=task, trigger=t.TRIGGER_SCHEDULE, dedup_key=due.key, due=due.at, now=due.at
+            task_key=task, trigger=Trigger.SCHEDULE, dedup_key=due.key, due=due.at, now=due.at
         )
         ledger.claim(entry.id, f"lease-{due.text}-{i}", lease_ttl=timedelta(seconds=1), now=due.at)
     run_ids = []
@@ -112,7 +113,7 @@ def _make_changes(
         job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name=f"{task}_job")
         tags = {
             t.TAG_TASK: task,
-            t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE,
             t.TAG_DUE: earlier.text,
         }
         run = instance.create_run_for_job(job, tags=tags)
@@ -167,14 +168,14 @@ def _check_round(ledger: RunLedger, due: Due, n: int, r: int) -> list[str]:
     problems = []
     for task in TASKS[:CHANGES]:
         entry = ledger.find(task, due.key)
-        if entry is None or entry.status != t.STATUS_QUEUED:
+        if entry is None or entry.status != Status.QUEUED:
             problems.append(f"{n} entries, round {r}: {task}@{due} not re-dispatched")
         earlier = ledger.find(task, Due(due.at - timedelta(minutes=SLOT_MINUTES)).key)
         if earlier is None or not earlier.summary.get("dispatch_failures"):
             problems.append(f"{n} entries, round {r}: {task}'s failed run not reconciled")
     for task in TASKS[CHANGES : 2 * CHANGES]:
         entry = ledger.find(task, due.key)
-        if entry is None or entry.failure_kind != t.FAILURE_LEASE_RECLAIMED:
+        if entry is None or entry.failure_kind != FailureKind.LEASE_RECLAIMED:
             problems.append(f"{n} entries, round {r}: {task}@{due} lease not reclaimed")
     return problems
 

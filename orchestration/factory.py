@@ -15,6 +15,7 @@ import dagster as dg
 from orchestration.services.hooks import HookLog, Hooks
 from orchestration.services.scheduling import next_dues_text
 from resources.core import tags as t
+from resources.core.entry import Trigger
 from resources.core.plans import decide_tick
 from resources.core.registry import (
     DAILY_PARTITIONS_START,
@@ -114,7 +115,7 @@ def schedule_run_request(view: TaskView, scheduled_time) -> dg.RunRequest | dg.S
         return dg.SkipReason(decision.skip_reason)
     tags = {
         t.TAG_TASK: view.spec.key,
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: decision.due.text,
     }
     partition_key = partition_key_for(view.spec, decision.due)

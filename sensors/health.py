@@ -36,6 +36,7 @@ from orchestration.services.summary import SUMMARY_WINDOW, first_line
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
 from resources.core.due import floor_to_slot, format_due
+from resources.core.entry import FailureKind, Status
 from resources.core.instants import Clock, iso, utc_now
 from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
@@ -122,8 +123,8 @@ def slot_health(
         changed = ledger.entries_updated_since(since)
     for e in sorted(changed, key=lambda e: e.id):
         if (
-            e.status == t.STATUS_FAILED
-            and e.failure_kind == t.FAILURE_LEASE_RECLAIMED
+            e.status == Status.FAILED
+            and e.failure_kind == FailureKind.LEASE_RECLAIMED
             and e.finished_at is not None
             and since <= e.finished_at < now
         ):

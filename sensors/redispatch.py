@@ -18,8 +18,8 @@ import dagster as dg
 
 from orchestration.factory import build_task_job
 from orchestration.services.dagster_runs import last_dispatch_failure_canceled
-from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.entry import Status
 from resources.core.instants import Clock, utc_now
 from resources.core.redispatch import (
     DEFAULT_MAX_REDISPATCHES,
@@ -87,7 +87,7 @@ def build_redispatch_sensor(
                 if view is None or view.slot_minutes != slot_minutes:
                     continue  # not this location's task: the outcome sensor ends its entries
                 where = f"{entry.task_key}@{due}"
-                canceled = entry.status == t.STATUS_DISPATCH_FAILED and (
+                canceled = entry.status == Status.DISPATCH_FAILED and (
                     last_dispatch_failure_canceled(context.instance, entry)
                 )
                 plan = plan_redispatch(entry, max_redispatches, last_failure_canceled=canceled)

@@ -15,6 +15,7 @@ import dagster as dg
 
 from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.entry import Trigger
 from resources.core.instants import Clock
 from resources.core.registry import TaskView, partition_key_for
 from resources.ledger import RunLedger
@@ -63,7 +64,7 @@ def due_run_request(
     due = Due.coerce(due)
     tags = {
         t.TAG_TASK: view.spec.key,
-        t.TAG_TRIGGER: t.TRIGGER_SENSOR,
+        t.TAG_TRIGGER: Trigger.SENSOR,
         t.TAG_DUE: due.text,
     }
     partition_key = partition_key_for(view.spec, due)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from resources.core import tags
+from resources.core.entry import FailureKind, Trigger
 from resources.ledger import Entry, RunLedger, dedup_key_for_due
 from resources.ledger.fence import LedgerGuard
 
@@ -24,7 +24,7 @@ def lost_guard(tmp_path: Path, task_key: str = "order_cleanup") -> tuple[LedgerG
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'fence-ledger.sqlite'}")
     ledger.migrate()
     entry = ledger.ensure_entry(
-        task_key=task_key, trigger=tags.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(_DUE)
+        task_key=task_key, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(_DUE)
     )
     claim = ledger.claim(entry.id, ZOMBIE, lease_ttl=_TTL, now=_DUE)
     assert claim.fence is not None
@@ -35,7 +35,7 @@ def lost_guard(tmp_path: Path, task_key: str = "order_cleanup") -> tuple[LedgerG
 def refusals(ledger: RunLedger, guard: LedgerGuard) -> list[str]:
     """The effects refused for the guard's run, as traced on its entry."""
     entry: Entry | None = ledger.get(guard.fence.entry_id)
-    assert entry is not None and entry.failure_kind == tags.FAILURE_LEASE_RECLAIMED
+    assert entry is not None and entry.failure_kind == FailureKind.LEASE_RECLAIMED
     return [
         r["reason"]
         for r in entry.summary["late_job_rejections"]

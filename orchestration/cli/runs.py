@@ -28,7 +28,8 @@ from orchestration.cli.support import (
     table,
 )
 from resources.core import tags as t
-from resources.core.checks import check_reason
+from resources.core.arguments import check_reason
+from resources.core.entry import STATUSES, TRIGGERS
 from resources.core.errors import InvalidInput
 from resources.core.operators import (
     ROLE_ADMIN,
@@ -74,11 +75,11 @@ def parse_statuses(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
     items = [s.strip() for s in text.split(",")]
-    unknown = [s for s in items if s not in t.STATUSES]
+    unknown = [s for s in items if s not in STATUSES]
     if unknown or not items:
         shown = ", ".join(repr(s) for s in unknown) or repr(text)
         raise InvalidInput(
-            f"--status {shown} is not a ledger status; valid statuses: {', '.join(t.STATUSES)} "
+            f"--status {shown} is not a ledger status; valid statuses: {', '.join(STATUSES)} "
             f"(comma-separated for several)"
         )
     return tuple(dict.fromkeys(items))
@@ -87,9 +88,9 @@ def parse_statuses(text: str | None) -> tuple[str, ...] | None:
 def parse_trigger(text: str | None) -> str | None:
     if text is None:
         return None
-    if text not in t.TRIGGERS:
+    if text not in TRIGGERS:
         raise InvalidInput(
-            f"--trigger {text!r} is not a trigger; valid triggers: {', '.join(t.TRIGGERS)}"
+            f"--trigger {text!r} is not a trigger; valid triggers: {', '.join(TRIGGERS)}"
         )
     return text
 
@@ -331,8 +332,8 @@ def runs_group() -> None:
 
 @runs_group.command("list")
 @click.option("--task", default=None, help="Only this task key.")
-@click.option("--status", default=None, help=f"Comma-separated: {', '.join(t.STATUSES)}.")
-@click.option("--trigger", default=None, help=f"One of: {', '.join(t.TRIGGERS)}.")
+@click.option("--status", default=None, help=f"Comma-separated: {', '.join(STATUSES)}.")
+@click.option("--trigger", default=None, help=f"One of: {', '.join(TRIGGERS)}.")
 @click.option("--since", default=None, help="Created at or after (ISO-8601; UTC if no offset).")
 @click.option("--until", default=None, help="Created before (ISO-8601; UTC if no offset).")
 @click.option("--limit", default=None, help=f"Page size, 1-{MAX_LIST_LIMIT} (default 50).")

@@ -251,7 +251,7 @@ def catch_up_cmd(
     from orchestration.services.catch_up import CatchUpResult, plan_catch_up, run_catch_up
     from orchestration.services.launch import DagsterCliLauncher
     from orchestration.services.task_plugins import task_registry
-    from resources.core.checks import check_reason
+    from resources.core.arguments import check_reason
     from resources.core.plans import plan_dues
 
     view = _view(task)

@@ -28,6 +28,7 @@ from resources.core import tags as t
 from resources.core.deadlines import DeadlineMiss
 from resources.core.due import Due, floor_to_slot
 from resources.core.dues import DueVerdict, due_verdict, skipped_for_pause
+from resources.core.entry import FailureKind, Status
 from resources.core.plans import plan_dues
 from resources.core.registry import TaskView
 from resources.ledger import Entry, Ledger, format_duration
@@ -90,8 +91,8 @@ def next_step(state: str, task_key: str, entry: Entry | None) -> str:
     show = f"`dueledger runs show {entry.id}`" if entry is not None else ""
     if entry is not None and state in (STATE_FAILED, STATE_DISPATCH_FAILED):
         # Rule 4: a lease_reclaimed or dispatch_failed entry may have done its side effects.
-        risky = entry.status == t.STATUS_DISPATCH_FAILED or (
-            entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        risky = entry.status == Status.DISPATCH_FAILED or (
+            entry.failure_kind == FailureKind.LEASE_RECLAIMED
         )
         return f"{show}, then once: " + _RETRY.format(id=entry.id, ack=_ACK if risky else "")
     if state == STATE_STALE_LEASE and entry is not None:
@@ -113,7 +114,7 @@ def _retried_success(ledger: Ledger, entry: Entry) -> Entry | None:
     pending = [entry]
     while pending:
         for child in ledger.children(pending.pop().id):
-            if child.status == t.STATUS_SUCCESS:
+            if child.status == Status.SUCCESS:
                 return child
             pending.append(child)
     return None
@@ -134,7 +135,7 @@ def account_latest_due(
         return account
     pause = pauses[0]
     detail = f"{view.spec.key} is {pause.skip_reason} (since {pause.start:%Y-%m-%dT%H:%M:%SZ})"
-    skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(t.STATUS_SKIPPED,))
+    skipped = ledger.latest_finished(view.spec.key, limit=1, statuses=(Status.SKIPPED,))
     due, entry_id = account.due, account.entry_id
     if skipped:
         last = skipped[0]
@@ -180,9 +181,9 @@ def _account(
         if verdict is DueVerdict.PAUSED:
             return answer(STATE_PAUSED, True, f"due {due}: {why}")
         return _without_entry(view, due, instance, answer)
-    if entry.status == t.STATUS_SUCCESS:
+    if entry.status == Status.SUCCESS:
         return answer(STATE_SUCCESS, True, f"due {due} succeeded (entry {entry.id})", entry)
-    if entry.status == t.STATUS_SKIPPED:
+    if entry.status == Status.SKIPPED:
         # Never a silent green: a pause is on purpose (passes, saying so); an overlap skip means
         # the task overran its cadence (a warning naming the entry that was running).
         paused = skipped_for_pause(entry.error)
@@ -193,9 +194,9 @@ def _account(
             entry,
             warning=not paused,
         )
-    if entry.status in (t.STATUS_QUEUED, t.STATUS_RETRYING, t.STATUS_RUNNING):
+    if entry.status in (Status.QUEUED, Status.RETRYING, Status.RUNNING):
         expires = entry.lease_expires_at
-        if entry.status == t.STATUS_RUNNING and expires is not None and expires < now:
+        if entry.status == Status.RUNNING and expires is not None and expires < now:
             return answer(
                 STATE_STALE_LEASE,
                 False,
@@ -212,7 +213,7 @@ def _account(
             f"due {due}: entry {entry.id} {entry.status}, its manual retry {retried.id} succeeded",
             entry,
         )
-    state = STATE_DISPATCH_FAILED if entry.status == t.STATUS_DISPATCH_FAILED else STATE_FAILED
+    state = STATE_DISPATCH_FAILED if entry.status == Status.DISPATCH_FAILED else STATE_FAILED
     kind = f" ({entry.failure_kind})" if entry.failure_kind else ""
     return answer(
         state,

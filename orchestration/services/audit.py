@@ -29,6 +29,7 @@ from orchestration.services.scheduling import scheduling_of
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due
 from resources.core.dues import DueVerdict, Scheduling, due_verdict, skipped_for_pause
+from resources.core.entry import Status
 from resources.core.plans import plan_dues
 from resources.core.registry import TaskView
 from resources.ledger import Ledger
@@ -91,7 +92,7 @@ def _ledger_dues(
             if entry.due is None:
                 continue
             dues.add(entry.due)
-            if entry.status == t.STATUS_SKIPPED and skipped_for_pause(entry.error):
+            if entry.status == Status.SKIPPED and skipped_for_pause(entry.error):
                 paused.add(entry.due)
         if cursor is None:
             return dues, paused

@@ -37,6 +37,7 @@ from resources.core.catchup import (
     catch_up_step,
 )
 from resources.core.due import Due, format_due
+from resources.core.entry import Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import Operators
 from resources.core.plans import plan_dues
@@ -83,7 +84,7 @@ def catch_up_tags(spec: TaskSpec, due: datetime, operator: str, reason: str) -> 
     """The tags of a catch-up run: the task's run tags, ``manual`` with the due it runs."""
     return {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL,
         t.TAG_DUE: format_due(due),
         t.TAG_OPERATOR: operator,
         t.TAG_REASON: reason,
@@ -135,14 +136,14 @@ def run_catch_up(
         if step.action in (LAUNCH, RELAUNCH):
             entry = ledger.ensure_entry(
                 task_key=spec.key,
-                trigger=t.TRIGGER_MANUAL,
+                trigger=Trigger.MANUAL,
                 dedup_key=Due(step.due).key,
                 due=step.due,
                 max_attempts=spec.max_attempts,
                 operator=operator,
                 reason=reason,
             )
-            ours = entry.trigger == t.TRIGGER_MANUAL and entry.status == t.STATUS_QUEUED
+            ours = entry.trigger == Trigger.MANUAL and entry.status == Status.QUEUED
             if not ours or entry.run_ids:
                 note = f"got entry {entry.id} ({entry.status}) meanwhile: left alone"
                 done.append(replace(step, action=LEAVE, entry_id=entry.id, note=note))

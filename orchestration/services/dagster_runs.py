@@ -14,8 +14,7 @@ from typing import Any, Final
 import dagster as dg
 
 from resources.core import tags as t
-from resources.core.entries import SUMMARY_DISPATCH_FAILURES
-from resources.core.entry import Entry
+from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry
 from resources.core.registry import TaskView, task_keys_of_run
 
 #: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A

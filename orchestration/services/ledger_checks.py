@@ -38,6 +38,7 @@ from orchestration.services.dagster_runs import (
 from orchestration.services.summary import SUMMARY_WINDOW
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Status
 from resources.core.instants import iso
 from resources.core.registry import TaskView
 from resources.core.requests import entry_request_from_tags
@@ -210,7 +211,7 @@ def _ended(record: dg.RunRecord, now: datetime) -> datetime:
 
 def lost_retries(ledger: Ledger, instance: dg.DagsterInstance, now: datetime) -> LedgerCheck:
     """``retrying`` entries whose awaited Dagster retry will never come."""
-    waiting, more = ledger.list_entries(statuses=[t.STATUS_RETRYING], limit=MAX_RETRYING)
+    waiting, more = ledger.list_entries(statuses=[Status.RETRYING], limit=MAX_RETRYING)
     found = []
     for entry in waiting:
         if not entry.run_ids:

@@ -27,7 +27,8 @@ from orchestration.services.launch import (
     submit_run,
 )
 from resources.core import tags as t
-from resources.core.checks import check_reason, check_request_id
+from resources.core.arguments import check_reason, check_request_id
+from resources.core.entry import Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import check_operator_name
 from resources.core.policies import OVERLAP_SKIP
@@ -65,7 +66,7 @@ def manual_tags(spec: TaskSpec, request_id: str, operator: str, reason: str) -> 
     """Tags of a manual launch: the task's run tags plus the manual namespace."""
     return {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL,
         t.TAG_REQUEST_ID: request_id,
         t.TAG_OPERATOR: operator,
         t.TAG_REASON: reason,
@@ -143,7 +144,7 @@ def launch_manual(
             )
     entry = ledger.ensure_entry(
         task_key=task_key,
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request(request_id),
         max_attempts=spec.max_attempts,
         operator=operator,
@@ -155,7 +156,7 @@ def launch_manual(
             entry = ledger.wait_turn(entry.id)
         # This request's earlier launch failed before any run existed: launching it again
         # is its re-dispatch, so its run finds the entry claimable.
-        redispatched = entry.status == t.STATUS_DISPATCH_FAILED
+        redispatched = entry.status == Status.DISPATCH_FAILED
         if redispatched and not ledger.redispatch(entry.id):
             now = ledger.get(entry.id)
             if now is None or now.manual_retry_at is not None:
@@ -208,4 +209,4 @@ def _needs_redispatch(ledger: Ledger, run: dg.DagsterRun, task_key: str, request
     if not run.is_finished:
         return False
     entry = ledger.find(task_key, dedup_key_for_request(request_id))
-    return entry is not None and entry.status == t.STATUS_DISPATCH_FAILED
+    return entry is not None and entry.status == Status.DISPATCH_FAILED

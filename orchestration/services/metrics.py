@@ -20,8 +20,8 @@ from orchestration.services.hooks.model import EVENTS as HOOK_EVENTS
 from orchestration.services.liveness import DEFAULT_MAX_AGE, scheduler_heartbeat_check
 from orchestration.services.summary import SUMMARY_WINDOW, all_entries, attention_rows
 from resources.core import metrics as m
-from resources.core import tags as t
 from resources.core.due import floor_to_slot
+from resources.core.entry import Status
 from resources.core.registry import TaskView
 from resources.ledger import Entry, Ledger
 
@@ -78,7 +78,7 @@ def _lags(ledger: Ledger, since: datetime) -> dict[tuple[str, str], list[float]]
         if row.started_at is not None:
             lag = (row.started_at - row.due).total_seconds()
             lags.setdefault((row.task_key, m.STAGE_START), []).append(lag)
-        if row.status == t.STATUS_SUCCESS and row.finished_at is not None:
+        if row.status == Status.SUCCESS and row.finished_at is not None:
             lag = (row.finished_at - row.due).total_seconds()
             lags.setdefault((row.task_key, m.STAGE_SUCCESS), []).append(lag)
     return lags
@@ -91,11 +91,11 @@ def _attention(ledger: Ledger, now: datetime, since: datetime) -> list[m.Attenti
         e.id: e
         for e in all_entries(
             ledger,
-            statuses=[t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED],
+            statuses=[Status.FAILED, Status.DISPATCH_FAILED],
             since=since - _ATTENTION_LOOKBACK,
         )
     }
-    for entry in all_entries(ledger, statuses=[t.STATUS_RUNNING]):
+    for entry in all_entries(ledger, statuses=[Status.RUNNING]):
         candidates.setdefault(entry.id, entry)
     by_task: dict[str, list[Entry]] = {}
     for entry in candidates.values():

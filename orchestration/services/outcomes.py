@@ -40,16 +40,12 @@ from orchestration.services.unsupported import (
 )
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST
-from resources.core.due import ORIGIN_DUE, format_due
+from resources.core.due import format_due
+from resources.core.entry import Origin, Status
 from resources.core.outcomes import Action, Reconciled, RunOutcome, decide
 from resources.core.registry import TaskSpec, TaskView
 from resources.core.requests import EntryRequest, entry_request_from_tags
-from resources.ledger import (
-    DEFAULT_MAX_ATTEMPTS,
-    SUMMARY_DISPATCH_FAILURES,
-    Entry,
-    Ledger,
-)
+from resources.ledger import DEFAULT_MAX_ATTEMPTS, SUMMARY_DISPATCH_FAILURES, Entry, Ledger
 
 #: A failed run without ``dagster/will_retry`` yet (the tag is written just after the
 #: failure event) is looked at again on the next tick, for at most this long.
@@ -148,11 +144,11 @@ def end_unregistered(
     nothing the second time."""
     entry = ledger.find(request.task_key, request.dedup_key)
     if entry is not None:
-        if entry.is_terminal or entry.status == t.STATUS_DISPATCH_FAILED:
+        if entry.is_terminal or entry.status == Status.DISPATCH_FAILED:
             return Reconciled(
                 run_id, request.task_key, Action.NONE, f"entry is {entry.status}", entry
             )
-        if entry.status == t.STATUS_RUNNING and entry.lease_owner != run_id:
+        if entry.status == Status.RUNNING and entry.lease_owner != run_id:
             reason = f"entry is running under run {entry.lease_owner}, which decides its outcome"
             return Reconciled(run_id, request.task_key, Action.NONE, reason, entry)
     started = entry is not None and entry.lease_owner == run_id
@@ -364,7 +360,7 @@ def settle_abandoned_retries(
     tasks = {v.spec.key for v in views}
     registered = [v.spec for v in views]
     max_attempts = {v.spec.key: v.spec.max_attempts for v in views}
-    waiting, _ = ledger.list_entries(statuses=[t.STATUS_RETRYING], limit=BATCH)
+    waiting, _ = ledger.list_entries(statuses=[Status.RETRYING], limit=BATCH)
     done: list[Reconciled] = []
     for entry in waiting:
         if not entry.run_ids:
@@ -449,7 +445,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
         }
     if item.action is Action.UNSUPPORTED:
         return unsupported_alert(entry, item.run_id, source=item.source)
-    if item.action is Action.DISPATCH_FAILED and entry.status == t.STATUS_DISPATCH_FAILED:
+    if item.action is Action.DISPATCH_FAILED and entry.status == Status.DISPATCH_FAILED:
         failures = entry.summary.get(SUMMARY_DISPATCH_FAILURES) or [{}]
         last = failures[-1] if isinstance(failures[-1], Mapping) else {}
         return KIND_DISPATCH_FAILED, {
@@ -458,7 +454,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
                 f"redispatch_sensor; see `dueledger runs show {entry.id}`"
-                if entry.origin == ORIGIN_DUE
+                if entry.origin == Origin.DUE
                 # A manual launch or retry is re-dispatched by repeating its request.
                 else f"{redo_command(entry)}; see `dueledger runs show {entry.id}`"
             ),
@@ -504,7 +500,7 @@ def _end_unregistered_run(
     ``retrying`` ends the entry for the retry Dagster queued, when there is one."""
     request = entry_request_from_tags(tags, run_id)
     entry = ledger.find(request.task_key, request.dedup_key)
-    if entry is not None and entry.status == t.STATUS_RETRYING and run_id in entry.run_ids:
+    if entry is not None and entry.status == Status.RETRYING and run_id in entry.run_ids:
         return end_unregistered_retry(
             instance, ledger, entry, registered, explain=explain, now=now, log=log
         )

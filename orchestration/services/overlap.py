@@ -25,7 +25,7 @@ import dagster as dg
 
 from orchestration.services.unclaimed import end_unclaimed_run, mark_replaced_run
 from resources.core import tags as t
-from resources.core.due import ORIGIN_DUE
+from resources.core.entry import Origin, Status, Trigger
 from resources.core.overlap import OVERLAP_WAIT_TURN, SUMMARY_OVERLAP, OverlapAction
 from resources.core.policies import LEDGER_OVERLAP_POLICIES
 from resources.core.registry import TaskSpec
@@ -39,7 +39,7 @@ WAIT_POLL_SECONDS: Final = 2.0
 def waits_its_turn(entry: Entry) -> bool:
     """An operator asked this entry to wait for its turn instead of being skipped: a manual
     retry, `dueledger launch --queue`, `dueledger catch-up`."""
-    if entry.trigger == t.TRIGGER_MANUAL_RETRY:
+    if entry.trigger == Trigger.MANUAL_RETRY:
         return True
     return entry.summary.get(SUMMARY_OVERLAP) == OVERLAP_WAIT_TURN
 
@@ -47,7 +47,7 @@ def waits_its_turn(entry: Entry) -> bool:
 def pause_of_due(ledger: Ledger, entry: Entry) -> str | None:
     """Why ``entry`` is not run: its due lies inside a pause of its task (None: it does not,
     or it is no fresh due entry)."""
-    if entry.origin != ORIGIN_DUE or entry.due is None or entry.status != t.STATUS_QUEUED:
+    if entry.origin != Origin.DUE or entry.due is None or entry.status != Status.QUEUED:
         return None
     if entry.attempt:
         return None
@@ -70,7 +70,7 @@ def claim_entry(
     paused = pause_of_due(ledger, entry)
     if paused is not None:
         skipped = ledger.skip_entry(entry.id, reason=paused)
-        if skipped.status == t.STATUS_SKIPPED:
+        if skipped.status == Status.SKIPPED:
             end_unclaimed_run(context, ledger, paused, skipped, request, outcome=t.OUTCOME_SKIPPED)
     if spec.overlap_policy not in LEDGER_OVERLAP_POLICIES:
         return ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from resources.core.checks import check_reason
+from resources.core.arguments import check_reason
 from resources.core.dues import Pause
 from resources.core.errors import InvalidInput, Refused
 from resources.core.instants import iso

@@ -23,11 +23,11 @@ from typing import Final
 
 from orchestration.services.alerts import Alerts
 from orchestration.services.scheduling import scheduling_of
-from resources.core import tags as t
 from resources.core.alerting import KIND_DEADLINE_MISSED, KIND_TASK_PAUSED
 from resources.core.deadlines import ACTION_DEADLINE_MISSED, DeadlineMiss, deadline_miss
 from resources.core.due import floor_to_slot, format_due
 from resources.core.dues import DueVerdict, Pause, due_verdict
+from resources.core.entry import Status
 from resources.core.instants import iso
 from resources.core.pausing import (
     ACTION_TASK_PAUSED,
@@ -92,7 +92,7 @@ def pause_after_failures(
             continue  # paused for its failures already
         since = max((p.end for p in own if p.end is not None), default=None)
         finished = ledger.latest_finished(
-            key, limit=threshold, statuses=(t.STATUS_SUCCESS, t.STATUS_FAILED)
+            key, limit=threshold, statuses=(Status.SUCCESS, Status.FAILED)
         )
         streak = failure_streak(threshold, finished, since)
         if streak is None:
@@ -158,12 +158,12 @@ def deadline_misses(
 
 
 def _successful_retries(ledger: Ledger, entry: Entry) -> list[Entry]:
-    if entry.status == t.STATUS_SUCCESS or entry.manual_retry_at is None:
+    if entry.status == Status.SUCCESS or entry.manual_retry_at is None:
         return []
     found, pending = [], [entry]
     while pending:
         for child in ledger.children(pending.pop().id):
-            if child.status == t.STATUS_SUCCESS:
+            if child.status == Status.SUCCESS:
                 found.append(child)
             pending.append(child)
     return found

@@ -25,6 +25,7 @@ import dagster as dg
 from orchestration.services.dagster_runs import turn_off_dagster_retries
 from orchestration.services.retry import record_retry
 from resources.core import tags as t
+from resources.core.entry import Trigger
 from resources.core.errors import Refused
 from resources.core.operators import (
     UI_OPERATOR,
@@ -90,7 +91,7 @@ def apply_reexecution_rule(
         return recorded_retry_only(context, ledger, parent_request)
     assert child.parent_id is not None
     retry_tags = {
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
         t.TAG_PARENT_ENTRY: str(child.parent_id),
         t.TAG_OPERATOR: child.operator or UI_OPERATOR,
         t.TAG_REASON: child.reason or "",
@@ -108,7 +109,7 @@ def recorded_retry_only(
     context: dg.AssetExecutionContext, ledger: Ledger, request: EntryRequest
 ) -> tuple[EntryRequest, UiRetryOutcome | None]:
     """A ``manual_retry`` run claims the child its retry recorded; it never creates one."""
-    if request.trigger != t.TRIGGER_MANUAL_RETRY or request.parent_id is None:
+    if request.trigger != Trigger.MANUAL_RETRY or request.parent_id is None:
         return request, None
     refusal = unrecorded_retry_refusal(
         ledger,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import (
     Decision,
@@ -151,7 +152,7 @@ def record_retry(
                 assert spec is not None  # task_registered passed
                 child = ledger.ensure_entry(
                     task_key=parent.task_key,
-                    trigger=t.TRIGGER_MANUAL_RETRY,
+                    trigger=Trigger.MANUAL_RETRY,
                     dedup_key=dedup_key_for_retry(parent.id),
                     due=parent.due,
                     max_attempts=spec.max_attempts,
@@ -215,7 +216,7 @@ def retry_run_tags(record: RetryRecord, spec: TaskSpec) -> dict[str, str]:
     """
     tags = {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
         t.TAG_PARENT_ENTRY: str(record.parent.id),
         t.TAG_OPERATOR: record.operator,
         t.TAG_REASON: record.reason,
@@ -407,7 +408,7 @@ def _dispatch_failed_child(ledger: Ledger, parent: Entry | None) -> Entry | None
     if parent is None or parent.manual_retry_at is None:
         return None
     child = ledger.find(parent.task_key, dedup_key_for_retry(parent.id))
-    return child if child is not None and child.status == t.STATUS_DISPATCH_FAILED else None
+    return child if child is not None and child.status == Status.DISPATCH_FAILED else None
 
 
 def redispatch_retry(

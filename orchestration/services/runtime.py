@@ -40,6 +40,7 @@ from orchestration.services.task_plugins import task_registry
 from orchestration.services.unclaimed import end_unclaimed_run, lineage_root
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status
 from resources.core.fence import EffectGuard, FenceLost
 from resources.core.registry import TaskSpec
 from resources.core.requests import (
@@ -128,15 +129,15 @@ def task_run(
     as_of = run_as_of(context, request)
     # The task's pauses and overlap policy: a run that may not claim ends there (overlap.py).
     result = claim_entry(context, ledger, spec, entry, request)
-    if not result.claimed and result.entry.status == t.STATUS_DISPATCH_FAILED:
+    if not result.claimed and result.entry.status == Status.DISPATCH_FAILED:
         # The outcome sensor recorded the parent's dispatch failure between our read and
         # the claim: resume once more.
         entry = resume_dispatch_failed_entry_in_its_retry(context, ledger, result.entry)
-        if entry.status == t.STATUS_QUEUED:
+        if entry.status == Status.QUEUED:
             result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
     if not result.claimed:
         reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
-        skipped = result.entry.status == t.STATUS_SKIPPED
+        skipped = result.entry.status == Status.SKIPPED
         outcome = t.OUTCOME_SKIPPED if skipped else t.OUTCOME_REFUSED
         end_unclaimed_run(context, ledger, reason, result.entry, request, outcome=outcome)
     if result.reentrant:
@@ -208,7 +209,7 @@ def task_run(
             context, ledger, hooks, TASK_FAILED, claimed, as_of, error=message, status=state
         )
         raise dg.Failure(message)
-    fire_task_event(context, ledger, hooks, TASK_AFTER, claimed, as_of, status=t.STATUS_SUCCESS)
+    fire_task_event(context, ledger, hooks, TASK_AFTER, claimed, as_of, status=Status.SUCCESS)
 
 
 def end_unsupported_run(
@@ -250,13 +251,13 @@ def end_unsupported_run(
             None,
             error=message,
             status=end.entry.status,
-            failure_kind=t.FAILURE_UNSUPPORTED_TASK,
+            failure_kind=FailureKind.UNSUPPORTED_TASK,
         )
     elif not end.ended:
         context.log.warning(end.refusal or f"entry {end.entry.id}: claim refused")
     raise dg.Failure(
         description=message,
-        metadata={"ledger_entry": end.entry.id, "failure_kind": t.FAILURE_UNSUPPORTED_TASK},
+        metadata={"ledger_entry": end.entry.id, "failure_kind": FailureKind.UNSUPPORTED_TASK},
         allow_retries=False,
     )
 
@@ -277,12 +278,12 @@ def settle_parent_of_automatic_retry(
     tags = context.run.tags
     if t.DAGSTER_RETRY_NUMBER not in tags or not tags.get(t.DAGSTER_PARENT_RUN_ID):
         return entry
-    if entry.status != t.STATUS_RUNNING or not entry.lease_owner:
+    if entry.status != Status.RUNNING or not entry.lease_owner:
         return entry
     owner = failed_ancestor(context.instance, tags, entry.lease_owner)
     if owner is None:
         return entry
-    kind = t.FAILURE_TIMEOUT if run_timed_out(owner, "") else t.FAILURE_ERROR
+    kind = FailureKind.TIMEOUT if run_timed_out(owner, "") else FailureKind.ERROR
     return ledger.fail(
         entry.id,
         entry.lease_owner,

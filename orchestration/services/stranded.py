@@ -23,7 +23,7 @@ import dagster as dg
 from orchestration.services.launch import manual_run_id
 from resources.core import tags as t
 from resources.core.alerting import KIND_LAUNCH_STRANDED
-from resources.core.entries import ORIGIN_MANUAL, ORIGIN_RETRY
+from resources.core.entry import Origin, Status
 from resources.core.instants import iso
 from resources.ledger import Entry, Ledger
 
@@ -55,8 +55,8 @@ class Stranded:
 def redo_command(entry: Entry) -> str:
     """The command that re-dispatches a manual or retry entry whose launch failed
     (``dispatch_failed``): the same request again."""
-    if entry.origin == ORIGIN_MANUAL:
-        request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
+    if entry.origin == Origin.MANUAL:
+        request_id = entry.dedup_key.removeprefix(f"{Origin.MANUAL}:")
         return (
             f"`dueledger launch {entry.task_key} --request-id {shlex.quote(request_id)} "
             f"--operator <you> "
@@ -76,8 +76,8 @@ def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
     in the queue). A run whose failure the entry recorded belongs to an earlier dispatch: a
     re-dispatch whose launcher died before its run was created is stranded too."""
     ended = entry.dispatch_failure_run_ids
-    if entry.origin == ORIGIN_MANUAL:
-        request_id = entry.dedup_key.removeprefix(f"{ORIGIN_MANUAL}:")
+    if entry.origin == Origin.MANUAL:
+        request_id = entry.dedup_key.removeprefix(f"{Origin.MANUAL}:")
         run = instance.get_run_by_id(manual_run_id(entry.task_key, request_id))
         if run is not None and run.run_id not in ended:
             return True
@@ -99,9 +99,9 @@ def _has_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
 def stranded_candidates(ledger: Ledger, now: datetime) -> list[Entry]:
     """``queued`` manual/retry entries with no run id, recorded before ``now - STRANDED_AFTER``."""
     page, _ = ledger.list_entries(
-        statuses=[t.STATUS_QUEUED], until=now - STRANDED_AFTER, limit=SWEEP_LIMIT
+        statuses=[Status.QUEUED], until=now - STRANDED_AFTER, limit=SWEEP_LIMIT
     )
-    return [e for e in page if e.origin in (ORIGIN_MANUAL, ORIGIN_RETRY) and not e.run_ids]
+    return [e for e in page if e.origin in (Origin.MANUAL, Origin.RETRY) and not e.run_ids]
 
 
 def sweep_stranded(
@@ -127,6 +127,6 @@ def sweep_stranded(
             ),
             now=now,
         )
-        if after.status == t.STATUS_DISPATCH_FAILED:
+        if after.status == Status.DISPATCH_FAILED:
             swept.append(Stranded(after, redo))
     return swept

@@ -16,6 +16,7 @@ from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
 from orchestration.services.policies import deadline_misses
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.instants import iso
 from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, Ledger
@@ -45,7 +46,7 @@ def all_entries(ledger: Ledger, **filters: Any) -> list[Entry]:
 def recent_entries(ledger: Ledger, since: datetime) -> list[Entry]:
     """Entries created since ``since - _LOOKBACK`` plus every running one (any age)."""
     by_id = {e.id: e for e in all_entries(ledger, since=since - _LOOKBACK)}
-    for entry in all_entries(ledger, statuses=[t.STATUS_RUNNING]):
+    for entry in all_entries(ledger, statuses=[Status.RUNNING]):
         by_id.setdefault(entry.id, entry)
     return sorted(by_id.values(), key=lambda e: e.id)
 
@@ -111,19 +112,19 @@ def task_counts(entries: Iterable[Entry], now: datetime, since: datetime) -> dic
         0,
     )
     for e in entries:
-        if e.status == t.STATUS_RUNNING and e.lease_expires_at is not None:
+        if e.status == Status.RUNNING and e.lease_expires_at is not None:
             counts["active" if e.lease_expires_at >= now else "stale"] += 1
-        if e.status == t.STATUS_FAILED and _after(e.finished_at, since):
+        if e.status == Status.FAILED and _after(e.finished_at, since):
             counts["failed_24h"] += 1
-            if e.failure_kind == t.FAILURE_LEASE_RECLAIMED:
+            if e.failure_kind == FailureKind.LEASE_RECLAIMED:
                 counts["lease_reclaimed_24h"] += 1
-        if e.status == t.STATUS_SUCCESS and _after(e.finished_at, since):
+        if e.status == Status.SUCCESS and _after(e.finished_at, since):
             counts["success_24h"] += 1
-        if e.status == t.STATUS_DISPATCH_FAILED and _after(e.updated_at, since):
+        if e.status == Status.DISPATCH_FAILED and _after(e.updated_at, since):
             counts["dispatch_failed_24h"] += 1
-        if e.trigger == t.TRIGGER_MANUAL_RETRY and _after(e.created_at, since):
+        if e.trigger == Trigger.MANUAL_RETRY and _after(e.created_at, since):
             counts["manual_retry_24h"] += 1
-        if e.status == t.STATUS_SKIPPED and _after(e.finished_at, since):
+        if e.status == Status.SKIPPED and _after(e.finished_at, since):
             counts["skipped_24h"] += 1
     return counts
 
@@ -159,9 +160,7 @@ def ledger_summary(
     for key in [*policies, *sorted(k for k in by_task if k not in policies)]:
         entries = by_task.get(key, [])
         audit = audits.get(key)
-        successes = [
-            e.finished_at for e in entries if e.status == t.STATUS_SUCCESS and e.finished_at
-        ]
+        successes = [e.finished_at for e in entries if e.status == Status.SUCCESS and e.finished_at]
         rows.append(
             {
                 "task_key": key,
@@ -232,11 +231,11 @@ def attention_rows(
             if e.id in resolved:
                 continue
             stale = (
-                e.status == t.STATUS_RUNNING
+                e.status == Status.RUNNING
                 and e.lease_expires_at is not None
                 and e.lease_expires_at < now
             )
-            failed = e.status in (t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED) and _after(
+            failed = e.status in (Status.FAILED, Status.DISPATCH_FAILED) and _after(
                 e.updated_at, since
             )
             if not (stale or failed):
@@ -266,7 +265,7 @@ def retried_successfully(entries: Iterable[Entry]) -> set[int]:
     by_id = {e.id: e for e in entries}
     resolved: set[int] = set()
     for e in by_id.values():
-        if e.status != t.STATUS_SUCCESS:
+        if e.status != Status.SUCCESS:
             continue
         parent, seen = e.parent_id, set()
         while parent is not None and parent not in seen:

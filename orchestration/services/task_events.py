@@ -17,8 +17,8 @@ from orchestration.services.hooks import (
     decode_outcomes,
     record,
 )
-from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
+from resources.core.entry import Trigger
 from resources.core.requests import EntryRequest
 from resources.core.settings import load_settings
 from resources.ledger import Entry, Ledger
@@ -56,7 +56,7 @@ def record_creation_hooks(
 ) -> None:
     """A schedule/sensor run's creation outcomes (``dueledger/hooks`` tag) onto its entry,
     once: at the first attempt (automatic retries copy the tag)."""
-    if request.trigger not in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) or entry.attempt != 1:
+    if request.trigger not in (Trigger.SCHEDULE, Trigger.SENSOR) or entry.attempt != 1:
         return
     items = decode_outcomes(context.run.tags.get(TAG_HOOKS))
     if items:

@@ -19,6 +19,7 @@ from orchestration.services.alerts import deliver_alert
 from resources.core import tags as t
 from resources.core.alerting import entry_subject
 from resources.core.due import Due
+from resources.core.entry import FailureKind, Status
 from resources.core.registry import TaskSpec
 from resources.ledger import Entry, Ledger
 
@@ -92,8 +93,8 @@ def end_unsupported(
     if not claim.claimed:
         return UnsupportedEnd(claim.entry, None, False, claim.reason)
     # unsupported_task is final in the ledger, whatever attempts the entry has left.
-    after = ledger.fail(entry.id, run_id, error=message, kind=t.FAILURE_UNSUPPORTED_TASK, now=now)
-    ended = after.status == t.STATUS_FAILED and after.failure_kind == t.FAILURE_UNSUPPORTED_TASK
+    after = ledger.fail(entry.id, run_id, error=message, kind=FailureKind.UNSUPPORTED_TASK, now=now)
+    ended = after.status == Status.FAILED and after.failure_kind == FailureKind.UNSUPPORTED_TASK
     if ended and alert:
         kind, fields = unsupported_alert(after, run_id, source=source)
         deliver_alert(ledger, log, kind, entry_subject(after.id), **fields)
@@ -115,4 +116,4 @@ def unsupported_alert(
     if source:
         fields["source"] = source
     fields["message"] = entry.error
-    return t.FAILURE_UNSUPPORTED_TASK, fields
+    return FailureKind.UNSUPPORTED_TASK, fields

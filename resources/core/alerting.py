@@ -42,9 +42,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from resources.core import tags
 from resources.core.config_files import ConfigFileError, read_config_file
 from resources.core.due import format_due
+from resources.core.entry import FailureKind, Status
 from resources.core.settings import SettingsError
 from resources.core.text import bad_character, printable
 from resources.core.webhook_url import (
@@ -56,11 +56,11 @@ from resources.core.webhook_url import (
 
 # --- kinds and subjects ---------------------------------------------------------------------
 
-KIND_LEASE_RECLAIMED: Final = tags.FAILURE_LEASE_RECLAIMED  # lease_reclaim_sensor, `reclaim`
+KIND_LEASE_RECLAIMED: Final = FailureKind.LEASE_RECLAIMED  # lease_reclaim_sensor, `reclaim`
 KIND_LAUNCH_STRANDED: Final = "launch_stranded"  # the same, for a launch whose run never came
-KIND_DISPATCH_FAILED: Final = tags.STATUS_DISPATCH_FAILED  # ledger_outcome_sensor
+KIND_DISPATCH_FAILED: Final = Status.DISPATCH_FAILED  # ledger_outcome_sensor
 KIND_RETRY_LOST: Final = "retry_lost"  # ledger_outcome_sensor: Dagster lost a retry
-KIND_UNSUPPORTED_TASK: Final = tags.FAILURE_UNSUPPORTED_TASK  # the run of a removed task
+KIND_UNSUPPORTED_TASK: Final = FailureKind.UNSUPPORTED_TASK  # the run of a removed task
 KIND_SLOT_HEALTH: Final = "slot_health"  # slot_health_sensor, once per slot
 KIND_LIVENESS: Final = "liveness"  # `dueledger liveness --alert`
 KIND_TASK_PAUSED: Final = "task_paused"  # ledger_policy_sensor: pause_after_failures paused it

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from resources.core import tags
 from resources.core.due import format_due
-from resources.core.entry import Entry
+from resources.core.entry import Entry, FailureKind, Status, Trigger
 
 #: Most dues one catch-up may hold (each becomes a run): split a longer range.
 MAX_CATCH_UP_DUES: Final = 1000
@@ -77,13 +76,13 @@ def catch_up_step(
             return CatchUpStep(due, LEAVE, "missed", "missed; --only failed leaves it")
         return CatchUpStep(due, LAUNCH, "missed", "missed: a due:<due> entry and its run")
     status, eid = entry.status, entry.id
-    if entry.status == tags.STATUS_FAILED:
-        kind = entry.failure_kind or tags.FAILURE_ERROR
+    if entry.status == Status.FAILED:
+        kind = entry.failure_kind or FailureKind.ERROR
         if not failed_too:
             return CatchUpStep(due, LEAVE, status, f"failed ({kind}); --only missed leaves it", eid)
         if entry.manual_retry_at is not None:
             return CatchUpStep(due, LEAVE, status, "failed; retried by hand already", eid)
-        if kind == tags.FAILURE_LEASE_RECLAIMED:
+        if kind == FailureKind.LEASE_RECLAIMED:
             return CatchUpStep(
                 due,
                 LEAVE,
@@ -94,11 +93,11 @@ def catch_up_step(
             )
         return CatchUpStep(due, RETRY, status, f"failed ({kind}): a manual-retry child", eid)
     fresh_catch_up = (
-        entry.status == tags.STATUS_QUEUED and entry.trigger == tags.TRIGGER_MANUAL and not has_run
+        entry.status == Status.QUEUED and entry.trigger == Trigger.MANUAL and not has_run
     )
     if fresh_catch_up and not entry.run_ids and missed_too:
         return CatchUpStep(due, RELAUNCH, status, "its catch-up run was never created", eid)
-    if entry.status == tags.STATUS_DISPATCH_FAILED:
+    if entry.status == Status.DISPATCH_FAILED:
         return CatchUpStep(
             due,
             LEAVE,
@@ -106,8 +105,8 @@ def catch_up_step(
             f"its run never started; `dueledger runs retry {eid} --acknowledge-side-effects`",
             eid,
         )
-    note = {
-        tags.STATUS_SUCCESS: "succeeded",
-        tags.STATUS_SKIPPED: f"skipped ({entry.error})",
-    }.get(entry.status, f"{entry.status}: in progress")
+    note: str = {
+        Status.SUCCESS: "succeeded",
+        Status.SKIPPED: f"skipped ({entry.error})",
+    }.get(Status(entry.status), f"{entry.status}: in progress")
     return CatchUpStep(due, LEAVE, status, note, eid)

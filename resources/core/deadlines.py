@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from resources.core import tags
 from resources.core.due import format_due
-from resources.core.entry import Entry
+from resources.core.entry import Entry, Status
 
 #: The audit action recording a missed deadline (one per due: the alert is raised once).
 ACTION_DEADLINE_MISSED: Final = "deadline_missed"
@@ -67,12 +66,12 @@ def deadline_miss(
     """The miss of ``due`` (whose deadline has passed), or None when it was met or is not
     judged. ``retried``: successful manual retries of its entry (any depth)."""
     by = due + deadline
-    if entry is not None and entry.status == tags.STATUS_SKIPPED:
+    if entry is not None and entry.status == Status.SKIPPED:
         return None
     done = [
         e
         for e in ([entry] if entry is not None else []) + list(retried)
-        if e.status == tags.STATUS_SUCCESS and e.finished_at is not None
+        if e.status == Status.SUCCESS and e.finished_at is not None
     ]
     if any(e.finished_at is not None and e.finished_at <= by for e in done):
         return None

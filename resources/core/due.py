@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from resources.core.checks import require_aware
+from resources.core.arguments import require_aware
 from resources.core.instants import ISO_SECONDS, as_utc, iso
 
 #: The text form of a due: run key, ``dueledger/due`` tag and the body of a ``due:`` key.

@@ -1,8 +1,9 @@
-"""A ledger entry as a value: one stored row, read-only, times timezone-aware UTC.
+"""A ledger entry: its vocabulary (statuses, triggers, failure kinds, origins, dedup keys) and
+the entry itself as a value -- one stored row, read-only, times timezone-aware UTC.
 
-The pure decisions of the core (the ledger rules, retry checks, outcome reconciliation,
-re-dispatch planning) read entries of this type; the store (``resources/ledger/``) builds
-them from rows and never hands out anything else.
+An entry is unique on ``(task_key, origin, dedup_key)``; the origin is the key's prefix, so
+manual, retry and backfill keys can never collide with a scheduled ``due:`` key. The store
+(``resources/ledger/``) builds entries from rows and never hands out anything else.
 """
 
 from __future__ import annotations
@@ -11,12 +12,145 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Final
 
-from resources.core import tags
-from resources.core.due import format_due
-from resources.core.entries import SUMMARY_DISPATCH_FAILURES, SUMMARY_KEYS
+from resources.core.arguments import require_text
+from resources.core.due import ORIGIN_DUE, Due, format_due
 from resources.core.instants import iso
+
+
+class Status(StrEnum):
+    """Where an entry stands. ``retrying`` only while a retry will really come; ``skipped`` is
+    terminal: the entry was not run, on purpose, and its ``error`` says why (``overlap: entry
+    12 running``, ``paused by alice: ...``), never a silent gap."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCESS = "success"
+    FAILED = "failed"
+    DISPATCH_FAILED = "dispatch_failed"
+    SKIPPED = "skipped"
+
+
+class Trigger(StrEnum):
+    """What launched the entry's first run (tag ``dueledger/trigger``)."""
+
+    SCHEDULE = "schedule"
+    SENSOR = "sensor"
+    MANUAL = "manual"
+    MANUAL_RETRY = "manual_retry"
+    BACKFILL = "backfill"
+
+
+class FailureKind(StrEnum):
+    """Why an entry failed. ``lease_reclaimed`` and ``dispatch`` have operations of their own;
+    ``replaced`` is set by the claim of the run that replaced it (overlap ``replace``)."""
+
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    LEASE_RECLAIMED = "lease_reclaimed"
+    UNSUPPORTED_TASK = "unsupported_task"
+    DISPATCH = "dispatch"
+    REPLACED = "replaced"
+
+
+class Origin(StrEnum):
+    """The namespace of a dedup key (its prefix)."""
+
+    DUE = ORIGIN_DUE
+    MANUAL = "manual"
+    RETRY = "retry"
+    BACKFILL = "backfill"
+
+
+STATUSES: Final = tuple(Status)
+TRIGGERS: Final = tuple(Trigger)
+FAILURE_KINDS: Final = tuple(FailureKind)
+ORIGINS: Final = tuple(Origin)
+TERMINAL_STATUSES: Final = (Status.SUCCESS, Status.FAILED, Status.SKIPPED)
+#: Statuses a run may claim.
+CLAIMABLE_STATUSES: Final = (Status.QUEUED, Status.RETRYING)
+#: Statuses a launch failure may move to ``dispatch_failed`` (not started, not terminal).
+DISPATCHABLE_STATUSES: Final = (Status.QUEUED, Status.RETRYING, Status.DISPATCH_FAILED)
+#: Failure kinds a run reports about itself through ``fail()``. The others have their own
+#: operations: ``lease_reclaimed`` (reclaim), ``dispatch`` (a dispatch failure), ``replaced``.
+RUN_FAILURE_KINDS: Final = (
+    FailureKind.ERROR,
+    FailureKind.TIMEOUT,
+    FailureKind.UNSUPPORTED_TASK,
+)
+
+MAX_ERROR_CHARS: Final = 4000
+MAX_LATE_JOB_REJECTIONS: Final = 5
+MAX_DISPATCH_FAILURES: Final = 5
+MAX_HOOK_RESULTS: Final = 20
+SUMMARY_REJECTIONS: Final = "late_job_rejections"
+SUMMARY_DISPATCH_FAILURES: Final = "dispatch_failures"
+SUMMARY_HOOKS: Final = "hooks"
+SUMMARY_KEYS: Final = (SUMMARY_REJECTIONS, SUMMARY_DISPATCH_FAILURES, SUMMARY_HOOKS)
+
+MAX_RUN_ID_CHARS: Final = 255
+DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_LIST_LIMIT: Final = 50
+
+#: The audit action of a run the ledger did not let act (a duplicate or late run, a refused
+#: UI re-execution, a manual launch of a task that is not manually triggerable): one record
+#: per refused run, which `dueledger summary` counts as ``refused_24h``.
+ACTION_RUN_REFUSED: Final = "run_refused"
+#: The audit action of a run whose entry ended ``skipped`` (overlap, a pause): one per run.
+ACTION_RUN_SKIPPED: Final = "run_skipped"
+#: The audit action of a run a newer run of its task replaced (overlap ``replace``).
+ACTION_RUN_REPLACED: Final = "run_replaced"
+
+
+# --- dedup keys ------------------------------------------------------------------------------
+
+
+def dedup_key_for_due(due: Due | datetime) -> str:
+    """Dedup key of a scheduled/sensor run: ``due:<YYYY-MM-DDTHH:MM:SSZ>``.
+
+    A datetime is checked as :class:`Due` checks it: a naive one is refused instead of being
+    taken as UTC, and so is one with seconds or microseconds (a wrong due is a wrong key).
+    """
+    return Due.coerce(due).key
+
+
+def dedup_key_for_request(request_id: str) -> str:
+    """Dedup key of a manual launch: ``manual:<request_id>``."""
+    return f"{Origin.MANUAL}:{require_text(request_id, 'request_id')}"
+
+
+def dedup_key_for_retry(parent_entry_id: int) -> str:
+    """Dedup key of a manual retry: ``retry:<parent_entry_id>`` (so at most one per parent)."""
+    if isinstance(parent_entry_id, bool) or not isinstance(parent_entry_id, int):
+        raise ValueError(f"parent_entry_id must be an int, got {parent_entry_id!r}")
+    if parent_entry_id <= 0:
+        raise ValueError(f"parent_entry_id must be positive, got {parent_entry_id}")
+    return f"{Origin.RETRY}:{parent_entry_id}"
+
+
+def dedup_key_for_backfill(backfill_id: str, partition: str) -> str:
+    """Dedup key of a backfill partition run: ``backfill:<backfill_id>:<partition>``."""
+    backfill = require_text(backfill_id, "backfill_id")
+    if ":" in backfill:
+        raise ValueError(f"backfill_id {backfill_id!r} must not contain ':'")
+    return f"{Origin.BACKFILL}:{backfill}:{require_text(partition, 'partition')}"
+
+
+def origin_of(dedup_key: str) -> Origin:
+    """The namespace of a dedup key (its prefix): ``due``, ``manual``, ``retry``, ``backfill``."""
+    prefix, sep, rest = str(dedup_key).partition(":")
+    if not sep or not rest or prefix not in ORIGINS:
+        raise ValueError(
+            f"dedup_key {dedup_key!r} must start with one of "
+            f"{', '.join(o + ':' for o in ORIGINS)} (use the dedup_key_for_* helpers)"
+        )
+    return Origin(prefix)
+
+
+# --- the entry -------------------------------------------------------------------------------
 
 
 def with_summary_lists(raw: object) -> dict[str, Any]:
@@ -69,7 +203,7 @@ class Entry:
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in tags.TERMINAL_STATUSES
+        return self.status in TERMINAL_STATUSES
 
     @property
     def dispatch_failure_run_ids(self) -> frozenset[str]:
@@ -81,7 +215,7 @@ class Entry:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The contract's JSON shape of an entry (DESIGN.md), plus a few extra fields."""
+        """The contract's JSON shape of an entry (docs/contract.md), plus a few extra fields."""
         summary = with_summary_lists(self.summary)
         return {
             "id": self.id,

@@ -28,29 +28,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from resources.core import tags
 from resources.core.alerting import (
     CHANNELS,
     DELIVERY_DELIVERED,
     DELIVERY_FAILED,
     DELIVERY_PENDING,
 )
+from resources.core.entry import FAILURE_KINDS, TRIGGERS, FailureKind, Status
 
 # --- statuses the metrics sort entries into -----------------------------------------------
 #: DESIGN's terminal ``skipped`` status (a due not run, with a reason: overlap, paused).
-STATUS_SKIPPED: Final = tags.STATUS_SKIPPED
+STATUS_SKIPPED: Final = Status.SKIPPED
 #: Statuses an entry never leaves: ``dueledger_entries_total`` counts them.
-COUNTED_STATUSES: Final = (tags.STATUS_SUCCESS, tags.STATUS_FAILED, STATUS_SKIPPED)
+COUNTED_STATUSES: Final = (Status.SUCCESS, Status.FAILED, STATUS_SKIPPED)
 #: Statuses an entry passes through: ``dueledger_open_entries`` shows how many are in each now
 #: (``dispatch_failed`` is re-dispatched in its slot, so it is open too).
 OPEN_STATUSES: Final = (
-    tags.STATUS_QUEUED,
-    tags.STATUS_RUNNING,
-    tags.STATUS_RETRYING,
-    tags.STATUS_DISPATCH_FAILED,
+    Status.QUEUED,
+    Status.RUNNING,
+    Status.RETRYING,
+    Status.DISPATCH_FAILED,
 )
 #: Failure kinds a ``failed`` entry carries (``dispatch`` belongs to ``dispatch_failed``).
-FAILED_KINDS: Final = tuple(k for k in tags.FAILURE_KINDS if k != tags.FAILURE_DISPATCH)
+FAILED_KINDS: Final = tuple(k for k in FAILURE_KINDS if k != FailureKind.DISPATCH)
 #: ``late_job_rejections`` actions of a run the ledger refused outright (``dueledger/outcome=
 #: refused``): its claim, or a UI re-execution refused by the retry rules. The other actions
 #: (late success/failure reports, fenced side effects) come from runs that had claimed.
@@ -403,17 +403,17 @@ def families(snap: MetricsSnapshot) -> list[Family]:
     for (task, status, kind, trigger), n in snap.entry_counts.items():
         if status in COUNTED_STATUSES:
             # A success keeps the failure kind of an earlier attempt that failed: not its own.
-            own_kind = "" if status == tags.STATUS_SUCCESS else kind
+            own_kind = "" if status == Status.SUCCESS else kind
             counted[(task, status, own_kind, trigger)] += n
         elif status in OPEN_STATUSES:
             open_now[(task, status)] += n
-        if status == tags.STATUS_FAILED and kind == tags.FAILURE_LEASE_RECLAIMED:
+        if status == Status.FAILED and kind == FailureKind.LEASE_RECLAIMED:
             reclaims[task] += n
     for task in registered:
-        for trigger in tags.TRIGGERS:
-            counted.setdefault((task, tags.STATUS_SUCCESS, "", trigger), 0)
+        for trigger in TRIGGERS:
+            counted.setdefault((task, Status.SUCCESS, "", trigger), 0)
             for kind in FAILED_KINDS:
-                counted.setdefault((task, tags.STATUS_FAILED, kind, trigger), 0)
+                counted.setdefault((task, Status.FAILED, kind, trigger), 0)
     out[ENTRIES] = [(k, float(v)) for k, v in sorted(counted.items(), key=_task_order(keys))]
     for task in keys:
         for status in OPEN_STATUSES:

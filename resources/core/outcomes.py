@@ -23,9 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from resources.core import tags as t
-from resources.core.entries import DISPATCHABLE_STATUSES, SUMMARY_REJECTIONS
-from resources.core.entry import Entry
+from resources.core.entry import (
+    DISPATCHABLE_STATUSES,
+    SUMMARY_REJECTIONS,
+    Entry,
+    FailureKind,
+    Status,
+)
 
 
 class Action(StrEnum):
@@ -51,7 +55,7 @@ class RunOutcome:
 
     @property
     def kind(self) -> str:
-        return t.FAILURE_TIMEOUT if self.timed_out else t.FAILURE_ERROR
+        return FailureKind.TIMEOUT if self.timed_out else FailureKind.ERROR
 
     def error_text(self, claimed: bool) -> str:
         verb = "failed" if self.status == "FAILURE" else "was canceled"
@@ -90,19 +94,19 @@ def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     if outcome.run_id not in entry.run_ids:
         if outcome.run_id in entry.dispatch_failure_run_ids:
             return Action.NONE, "dispatch failure of this run already recorded"
-        if entry.status == t.STATUS_RETRYING and outcome.will_retry:
+        if entry.status == Status.RETRYING and outcome.will_retry:
             # A Dagster retry died before claiming and Dagster retries it again: that next
             # retry claims the entry. Marking it dispatch_failed now would refuse it.
             return Action.NONE, "the retry died before claiming; Dagster's next retry claims"
         if entry.status in DISPATCHABLE_STATUSES:
             return Action.DISPATCH_FAILED, "the run ended before claiming the entry"
         return Action.NONE, f"entry is {entry.status} under another run: this run was a duplicate"
-    if entry.status == t.STATUS_RUNNING and entry.lease_owner == outcome.run_id:
+    if entry.status == Status.RUNNING and entry.lease_owner == outcome.run_id:
         if outcome.will_retry and entry.attempt < entry.max_attempts:
             return Action.FAIL_ATTEMPT, "the lease owner ended and Dagster will retry it"
         return Action.FAIL_FINAL, "the lease owner ended and no retry will come"
     if (
-        entry.status == t.STATUS_RETRYING
+        entry.status == Status.RETRYING
         and entry.run_ids
         and entry.run_ids[-1] == outcome.run_id
         and not outcome.will_retry

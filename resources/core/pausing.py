@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from resources.core import tags
-from resources.core.entry import Entry
+from resources.core.entry import Entry, Status
 
 #: Who pauses a task after its failures (the pause's ``by``; audit operator).
 PAUSED_BY_DUELEDGER: Final = "dueledger"
@@ -33,9 +32,9 @@ def failure_streak(
     for entry in finished_newest_first:
         if since is not None and (entry.finished_at is None or entry.finished_at <= since):
             break
-        if entry.status == tags.STATUS_SKIPPED:
+        if entry.status == Status.SKIPPED:
             continue
-        if entry.status != tags.STATUS_FAILED:
+        if entry.status != Status.FAILED:
             break
         streak.append(entry)
         if len(streak) == threshold:

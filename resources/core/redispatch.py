@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from resources.core import tags as t
 from resources.core.due import Due
-from resources.core.entries import MAX_DISPATCH_FAILURES, SUMMARY_DISPATCH_FAILURES
-from resources.core.entry import Entry
+from resources.core.entry import MAX_DISPATCH_FAILURES, SUMMARY_DISPATCH_FAILURES, Entry, Status
 
 #: Re-dispatches of one due per slot (the ledger keeps the newest 5 dispatch failures, and
 #: the failure count numbers the re-dispatches, so at most 4 are possible).
@@ -35,7 +33,7 @@ REDISPATCH_INTERVAL_MAX: Final = 120
 REDISPATCH_SLOT_FRACTION: Final = 8
 #: The statuses of a due's entry that a re-dispatch evaluation looks at: ``dispatch_failed``
 #: (to re-dispatch) and ``queued`` (re-dispatched already, its run request perhaps lost).
-REDISPATCH_STATUSES: Final = (t.STATUS_DISPATCH_FAILED, t.STATUS_QUEUED)
+REDISPATCH_STATUSES: Final = (Status.DISPATCH_FAILED, Status.QUEUED)
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def plan_redispatch(
     if entry is None:
         return RedispatchPlan(None, False, "no entry for this slot's due")
     failures = len(entry.summary.get(SUMMARY_DISPATCH_FAILURES, []))
-    if entry.status == t.STATUS_DISPATCH_FAILED:
+    if entry.status == Status.DISPATCH_FAILED:
         if failures == 0:
             return RedispatchPlan(None, False, "dispatch_failed without a recorded failure")
         if entry.manual_retry_at is not None:
@@ -76,7 +74,7 @@ def plan_redispatch(
                 f"{max_redispatches} re-dispatches per slot",
             )
         return RedispatchPlan(failures, True, f"dispatch failure {failures}: re-dispatching")
-    if entry.status == t.STATUS_QUEUED and 0 < failures <= max_redispatches:
+    if entry.status == Status.QUEUED and 0 < failures <= max_redispatches:
         # Re-dispatched already (perhaps by a tick that crashed before its run request was
         # stored): ask again with the same key; Dagster finds the run if it exists.
         return RedispatchPlan(failures, False, f"re-dispatch {failures} pending")

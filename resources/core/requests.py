@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 from resources.core import tags as t
 from resources.core.due import Due
-from resources.core.entries import (
+from resources.core.entry import (
+    Entry,
+    Status,
+    Trigger,
     dedup_key_for_backfill,
     dedup_key_for_request,
     dedup_key_for_retry,
 )
-from resources.core.entry import Entry
 from resources.core.operators import UI_OPERATOR
 from resources.core.registry import TaskSpec, find_task
 
@@ -69,11 +71,11 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
     trigger = tags.get(t.TAG_TRIGGER)
     operator, reason = tags.get(t.TAG_OPERATOR), tags.get(t.TAG_REASON)
     # First: a retry of a backfill or scheduled run still carries its parent's tags.
-    if trigger == t.TRIGGER_MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
+    if trigger == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
         parent = int(tags[t.TAG_PARENT_ENTRY])
         return EntryRequest(
             task_key,
-            t.TRIGGER_MANUAL_RETRY,
+            Trigger.MANUAL_RETRY,
             dedup_key_for_retry(parent),
             # The parent's due, when it had one: the retry computes as of the same instant.
             due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
@@ -84,23 +86,23 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
     if t.DAGSTER_BACKFILL in tags and t.DAGSTER_PARTITION in tags:
         return EntryRequest(
             task_key,
-            t.TRIGGER_BACKFILL,
+            Trigger.BACKFILL,
             dedup_key_for_backfill(tags[t.DAGSTER_BACKFILL], tags[t.DAGSTER_PARTITION]),
             due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
         )
-    if trigger in (t.TRIGGER_SCHEDULE, t.TRIGGER_SENSOR) and t.TAG_DUE in tags:
+    if trigger in (Trigger.SCHEDULE, Trigger.SENSOR) and t.TAG_DUE in tags:
         due = Due.parse(tags[t.TAG_DUE])
         return EntryRequest(task_key, trigger, due.key, due=due)
-    if trigger == t.TRIGGER_MANUAL and t.TAG_DUE in tags:
+    if trigger == Trigger.MANUAL and t.TAG_DUE in tags:
         # `dueledger catch-up`: an operator's run of a past due is that due's run.
         due = Due.parse(tags[t.TAG_DUE])
         return EntryRequest(
-            task_key, t.TRIGGER_MANUAL, due.key, due=due, operator=operator, reason=reason
+            task_key, Trigger.MANUAL, due.key, due=due, operator=operator, reason=reason
         )
-    if trigger == t.TRIGGER_MANUAL and tags.get(t.TAG_REQUEST_ID):
+    if trigger == Trigger.MANUAL and tags.get(t.TAG_REQUEST_ID):
         return EntryRequest(
             task_key,
-            t.TRIGGER_MANUAL,
+            Trigger.MANUAL,
             dedup_key_for_request(tags[t.TAG_REQUEST_ID]),
             operator=operator,
             reason=reason,
@@ -108,7 +110,7 @@ def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryReques
     root = tags.get(t.DAGSTER_ROOT_RUN_ID) or run_id
     return EntryRequest(
         task_key,
-        t.TRIGGER_MANUAL,
+        Trigger.MANUAL,
         dedup_key_for_request(root),
         operator=operator or UI_OPERATOR,
         reason=reason or "launched from the Dagster UI without dueledger tags",
@@ -144,10 +146,10 @@ def ui_reexecution_parent(
     parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
     if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
         return None
-    if tags.get(t.TAG_TRIGGER) == t.TRIGGER_MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
+    if tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
         inherited = (
             parent_tags is not None
-            and parent_tags.get(t.TAG_TRIGGER) == t.TRIGGER_MANUAL_RETRY
+            and parent_tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY
             and parent_tags.get(t.TAG_PARENT_ENTRY) == tags[t.TAG_PARENT_ENTRY]
         )
         if not inherited:
@@ -160,7 +162,7 @@ def ui_reexecution_parent(
 def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:
     """Pure: is this run Dagster's automatic retry of a run that made ``entry``
     dispatch_failed (its parent or root run is in the entry's ``dispatch_failures``)?"""
-    if t.DAGSTER_RETRY_NUMBER not in run_tags or entry.status != t.STATUS_DISPATCH_FAILED:
+    if t.DAGSTER_RETRY_NUMBER not in run_tags or entry.status != Status.DISPATCH_FAILED:
         return False
     lineage = {run_tags.get(t.DAGSTER_PARENT_RUN_ID), run_tags.get(t.DAGSTER_ROOT_RUN_ID)}
     return bool(lineage & entry.dispatch_failure_run_ids)
@@ -187,15 +189,15 @@ def unissued_launch(spec: TaskSpec, request: EntryRequest, tags: Mapping[str, st
     else -- the launchpad, "Materialize", GraphQL ``launchRun``, ``dagster job launch``, a
     run with hand-typed dueledger tags -- is a manual launch, whatever it claims to be.
     """
-    if spec.manual_trigger or request.trigger == t.TRIGGER_MANUAL_RETRY:
+    if spec.manual_trigger or request.trigger == Trigger.MANUAL_RETRY:
         return None
-    if request.trigger == t.TRIGGER_BACKFILL and tags.get(t.DAGSTER_BACKFILL):
+    if request.trigger == Trigger.BACKFILL and tags.get(t.DAGSTER_BACKFILL):
         return None
-    if request.trigger == t.TRIGGER_SCHEDULE and tags.get(t.DAGSTER_SCHEDULE_NAME) == (
+    if request.trigger == Trigger.SCHEDULE and tags.get(t.DAGSTER_SCHEDULE_NAME) == (
         spec.schedule_name
     ):
         return None
-    if request.trigger == t.TRIGGER_SENSOR and tags.get(t.DAGSTER_SENSOR_NAME):
+    if request.trigger == Trigger.SENSOR and tags.get(t.DAGSTER_SENSOR_NAME):
         return None
     who = request.operator or UI_OPERATOR
     return (

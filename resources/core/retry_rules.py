@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from resources.core import tags as t
-from resources.core.entry import Entry
+from resources.core.entry import Entry, FailureKind, Status
 from resources.core.instants import iso
 from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER, Decision, Operators
 from resources.core.registry import TaskSpec
@@ -24,7 +23,7 @@ ACTION_RETRY_RUN: Final = "manual_retry_run"
 ACTION_RETRY_REDISPATCH: Final = "manual_retry_redispatch"
 
 #: Statuses a manual retry may start from. ``dispatch_failed`` only with acknowledgement.
-RETRYABLE_STATUSES: Final = (t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED)
+RETRYABLE_STATUSES: Final = (Status.FAILED, Status.DISPATCH_FAILED)
 
 #: Check names (the audit's "check" fields).
 CHECK_ROLE_RETRIER: Final = f"operator_has_role_{ROLE_RETRIER}"
@@ -45,7 +44,7 @@ LAUNCH_NEW_RUN: Final = "new_run"
 def needs_acknowledgement(entry: Entry) -> bool:
     """A parent whose earlier run may have had side effects that nobody recorded."""
     return (
-        entry.status == t.STATUS_DISPATCH_FAILED or entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        entry.status == Status.DISPATCH_FAILED or entry.failure_kind == FailureKind.LEASE_RECLAIMED
     )
 
 
@@ -94,7 +93,7 @@ def evaluate_retry(
     if needs_acknowledgement(parent):
         why = (
             "its launch failed but a run may still have started"
-            if parent.status == t.STATUS_DISPATCH_FAILED
+            if parent.status == Status.DISPATCH_FAILED
             else "its lease was reclaimed while its run may have been doing side effects"
         )
         checks.append(

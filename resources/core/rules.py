@@ -20,22 +20,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
-from resources.core import tags
-from resources.core.entries import CLAIMABLE_STATUSES, DISPATCHABLE_STATUSES
+from resources.core.entry import CLAIMABLE_STATUSES, DISPATCHABLE_STATUSES, FailureKind, Status
 from resources.core.fence import Fence
 from resources.core.instants import iso
 
 #: From-statuses of each operation: the WHERE clause of its compare-and-set.
 CLAIM_FROM: Final = CLAIMABLE_STATUSES
-OWNER_FROM: Final = (tags.STATUS_RUNNING,)  # heartbeat, succeed, fail (and the owner's lease)
+OWNER_FROM: Final = (Status.RUNNING,)  # heartbeat, succeed, fail (and the owner's lease)
 DISPATCH_FAILURE_FROM: Final = DISPATCHABLE_STATUSES
-REDISPATCH_FROM: Final = (tags.STATUS_DISPATCH_FAILED,)
-RECLAIM_FROM: Final = (tags.STATUS_RUNNING,)
-SETTLE_FROM: Final = (tags.STATUS_RUNNING, tags.STATUS_RETRYING)
+REDISPATCH_FROM: Final = (Status.DISPATCH_FAILED,)
+RECLAIM_FROM: Final = (Status.RUNNING,)
+SETTLE_FROM: Final = (Status.RUNNING, Status.RETRYING)
 #: An entry not run (overlap, pause) ends ``skipped`` from a state no run has claimed yet.
-SKIP_FROM: Final = (tags.STATUS_QUEUED,)
+SKIP_FROM: Final = (Status.QUEUED,)
 #: A newer run replaces an entry that is running, or waiting for its retry.
-REPLACE_FROM: Final = (tags.STATUS_RUNNING, tags.STATUS_RETRYING)
+REPLACE_FROM: Final = (Status.RUNNING, Status.RETRYING)
 
 
 class EntryState(Protocol):
@@ -106,10 +105,10 @@ def who(entry: EntryState) -> str:
 
 def state_words(entry: EntryState) -> str:
     """The entry's state in words, for rejection reasons."""
-    if entry.status == tags.STATUS_RUNNING:
+    if entry.status == Status.RUNNING:
         until = iso(entry.lease_expires_at, micro=True)
         return f"running under run {entry.lease_owner} (lease until {until})"
-    if entry.status == tags.STATUS_FAILED and entry.failure_kind:
+    if entry.status == Status.FAILED and entry.failure_kind:
         return f"failed ({entry.failure_kind})"
     return entry.status
 
@@ -117,18 +116,18 @@ def state_words(entry: EntryState) -> str:
 def claim_refusal(entry: EntryState) -> str:
     """Why ``entry`` cannot be claimed, as one sentence."""
     subject = who(entry)
-    if entry.status == tags.STATUS_SUCCESS:
+    if entry.status == Status.SUCCESS:
         return f"{subject} is already success: duplicate run, nothing done"
-    if entry.status == tags.STATUS_FAILED:
+    if entry.status == Status.FAILED:
         return (
             f"{subject} is already {state_words(entry)}: late run, nothing done; another "
             f"attempt needs a manual retry (dueledger runs retry {entry.id})"
         )
-    if entry.status == tags.STATUS_RUNNING:
+    if entry.status == Status.RUNNING:
         return f"{subject} is already {state_words(entry)}: duplicate run, nothing done"
-    if entry.status == tags.STATUS_DISPATCH_FAILED:
+    if entry.status == Status.DISPATCH_FAILED:
         return f"{subject} is dispatch_failed: it must be re-dispatched before a run may claim it"
-    if entry.status == tags.STATUS_SKIPPED:
+    if entry.status == Status.SKIPPED:
         return f"{subject} was skipped ({entry.error or 'no reason recorded'}): nothing done"
     if entry.status in CLAIMABLE_STATUSES:
         return (
@@ -156,7 +155,7 @@ def claim(entry: EntryState, run_id: str, *, now: datetime, lease_ttl: timedelta
     if entry.status in CLAIM_FROM and entry.attempt < entry.max_attempts:
         return Decision(
             {
-                "status": tags.STATUS_RUNNING,
+                "status": Status.RUNNING,
                 "attempt": entry.attempt + 1,
                 "claim_generation": entry.claim_generation + 1,
                 "lease_owner": run_id,
@@ -189,7 +188,7 @@ def succeed(entry: EntryState, run_id: str, *, now: datetime) -> Decision:
         )
     return Decision(
         {
-            "status": tags.STATUS_SUCCESS,
+            "status": Status.SUCCESS,
             "lease_owner": None,
             "lease_expires_at": None,
             "finished_at": now,
@@ -218,9 +217,7 @@ def will_retry(entry: EntryState, kind: str, *, retry_coming: bool = True) -> bo
     """A failed attempt is retried while attempts are left and a retry will really come
     (``retry_coming``: Dagster will launch one), never for an unsupported task."""
     return (
-        retry_coming
-        and entry.attempt < entry.max_attempts
-        and kind != tags.FAILURE_UNSUPPORTED_TASK
+        retry_coming and entry.attempt < entry.max_attempts and kind != FailureKind.UNSUPPORTED_TASK
     )
 
 
@@ -247,7 +244,7 @@ def fail(
         )
     retry = will_retry(entry, kind, retry_coming=retry_coming)
     changes: dict[str, Any] = {
-        "status": tags.STATUS_RETRYING if retry else tags.STATUS_FAILED,
+        "status": Status.RETRYING if retry else Status.FAILED,
         "failure_kind": kind,
         "error": error,
         "lease_owner": None,
@@ -269,8 +266,8 @@ def dispatch_failure(entry: EntryState, *, error: str, now: datetime) -> Decisio
         return _refused(f"{who(entry)} is {state_words(entry)}: the failed launch was a duplicate")
     return Decision(
         {
-            "status": tags.STATUS_DISPATCH_FAILED,
-            "failure_kind": tags.FAILURE_DISPATCH,
+            "status": Status.DISPATCH_FAILED,
+            "failure_kind": FailureKind.DISPATCH,
             "error": error,
             "updated_at": now,
         }
@@ -284,7 +281,7 @@ def redispatch(entry: EntryState, *, now: datetime) -> Decision:
         return _refused(f"{who(entry)} is {state_words(entry)}, not dispatch_failed")
     if entry.manual_retry_at is not None:
         return _refused(f"{who(entry)} has a manual retry; its child runs instead")
-    return Decision({"status": tags.STATUS_QUEUED, "attempt": 0, "updated_at": now})
+    return Decision({"status": Status.QUEUED, "attempt": 0, "updated_at": now})
 
 
 def reclaim(entry: EntryState, *, now: datetime) -> Decision:
@@ -303,8 +300,8 @@ def reclaim(entry: EntryState, *, now: datetime) -> Decision:
     )
     return Decision(
         {
-            "status": tags.STATUS_FAILED,
-            "failure_kind": tags.FAILURE_LEASE_RECLAIMED,
+            "status": Status.FAILED,
+            "failure_kind": FailureKind.LEASE_RECLAIMED,
             "error": message,
             "lease_owner": None,
             "lease_expires_at": None,
@@ -328,12 +325,12 @@ def settle_unretried(
     """
     owned = _owns(entry, run_id)
     waiting = (
-        entry.status == tags.STATUS_RETRYING and bool(entry.run_ids) and entry.run_ids[-1] == run_id
+        entry.status == Status.RETRYING and bool(entry.run_ids) and entry.run_ids[-1] == run_id
     )
     if not (owned or waiting):
         return _refused(f"{who(entry)} is {state_words(entry)}: not waiting on run {run_id}")
     changes: dict[str, Any] = {
-        "status": tags.STATUS_FAILED,
+        "status": Status.FAILED,
         "lease_owner": None,
         "lease_expires_at": None,
         "finished_at": now,
@@ -351,7 +348,7 @@ def skip(entry: EntryState, *, reason: str, now: datetime) -> Decision:
         return _refused(f"{who(entry)} is {state_words(entry)}: only a queued entry is skipped")
     return Decision(
         {
-            "status": tags.STATUS_SKIPPED,
+            "status": Status.SKIPPED,
             "error": reason,
             "finished_at": now,
             "updated_at": now,
@@ -368,8 +365,8 @@ def replace(entry: EntryState, *, by_entry: int, by_run: str, now: datetime) -> 
     owner = f"run {entry.lease_owner}" if entry.lease_owner else "its retry"
     return Decision(
         {
-            "status": tags.STATUS_FAILED,
-            "failure_kind": tags.FAILURE_REPLACED,
+            "status": Status.FAILED,
+            "failure_kind": FailureKind.REPLACED,
             "error": (
                 f"replaced by entry {by_entry} (run {by_run}): overlap policy 'replace' ended "
                 f"{owner}; its side effects commit nothing from the replacement's claim on"

@@ -1,6 +1,9 @@
-"""Names of the public contract (see DESIGN.md): tag keys, trigger values, statuses.
+"""Run tags: dueledger's own (the public contract, docs/contract.md), the outcome values a run
+the ledger did not let act carries, the Dagster tags dueledger reads or sets, and where the
+Dagster UI shows a run or an entry's runs.
 
-Every module uses these constants; string literals for them are not scattered around.
+Every module uses these constants; string literals for them are not scattered around. The
+values of an entry (statuses, triggers, failure kinds) are enums in ``resources/core/entry.py``.
 """
 
 from __future__ import annotations
@@ -39,58 +42,6 @@ TAG_SOURCE: Final = "dueledger/source"
 # --- where a task comes from ------------------------------------------------------------
 SOURCE_CORE: Final = "core"
 SOURCE_PLUGIN_PREFIX: Final = "plugin:"
-
-# --- trigger values -------------------------------------------------------------------
-TRIGGER_SCHEDULE: Final = "schedule"
-TRIGGER_SENSOR: Final = "sensor"
-TRIGGER_MANUAL: Final = "manual"
-TRIGGER_MANUAL_RETRY: Final = "manual_retry"
-TRIGGER_BACKFILL: Final = "backfill"
-TRIGGERS: Final = (
-    TRIGGER_SCHEDULE,
-    TRIGGER_SENSOR,
-    TRIGGER_MANUAL,
-    TRIGGER_MANUAL_RETRY,
-    TRIGGER_BACKFILL,
-)
-
-# --- ledger entry statuses and failure kinds -----------------------------------------
-STATUS_QUEUED: Final = "queued"
-STATUS_RUNNING: Final = "running"
-STATUS_RETRYING: Final = "retrying"
-STATUS_SUCCESS: Final = "success"
-STATUS_FAILED: Final = "failed"
-STATUS_DISPATCH_FAILED: Final = "dispatch_failed"
-#: Terminal: the entry was not run, on purpose, and says why in its ``error`` text
-#: (``overlap: entry 12 running``, ``paused by alice: ...``); never a silent gap.
-STATUS_SKIPPED: Final = "skipped"
-STATUSES: Final = (
-    STATUS_QUEUED,
-    STATUS_RUNNING,
-    STATUS_RETRYING,
-    STATUS_SUCCESS,
-    STATUS_FAILED,
-    STATUS_DISPATCH_FAILED,
-    STATUS_SKIPPED,
-)
-TERMINAL_STATUSES: Final = (STATUS_SUCCESS, STATUS_FAILED, STATUS_SKIPPED)
-
-FAILURE_ERROR: Final = "error"
-FAILURE_TIMEOUT: Final = "timeout"
-FAILURE_LEASE_RECLAIMED: Final = "lease_reclaimed"
-FAILURE_UNSUPPORTED_TASK: Final = "unsupported_task"
-FAILURE_DISPATCH: Final = "dispatch"
-#: A newer run of the task replaced the entry's run (overlap ``replace``); set by the claim
-#: that replaced it, naming the new entry.
-FAILURE_REPLACED: Final = "replaced"
-FAILURE_KINDS: Final = (
-    FAILURE_ERROR,
-    FAILURE_TIMEOUT,
-    FAILURE_LEASE_RECLAIMED,
-    FAILURE_UNSUPPORTED_TASK,
-    FAILURE_DISPATCH,
-    FAILURE_REPLACED,
-)
 
 # --- Dagster's own tags that dueledger reads or sets ----------------------------------
 DAGSTER_RUN_KEY: Final = "dagster/run_key"

@@ -32,8 +32,7 @@ timezone-naive in UTC. Every operation takes ``now=`` so tests and callers injec
 
 from typing import TYPE_CHECKING, Any
 
-from resources.core.due import ORIGIN_DUE
-from resources.core.entries import (
+from resources.core.entry import (
     CLAIMABLE_STATUSES,
     DEFAULT_LIST_LIMIT,
     DEFAULT_MAX_ATTEMPTS,
@@ -43,22 +42,20 @@ from resources.core.entries import (
     MAX_HOOK_RESULTS,
     MAX_LATE_JOB_REJECTIONS,
     MAX_RUN_ID_CHARS,
-    ORIGIN_BACKFILL,
-    ORIGIN_MANUAL,
-    ORIGIN_RETRY,
     ORIGINS,
     RUN_FAILURE_KINDS,
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_HOOKS,
     SUMMARY_KEYS,
     SUMMARY_REJECTIONS,
+    Entry,
+    Origin,
     dedup_key_for_backfill,
     dedup_key_for_due,
     dedup_key_for_request,
     dedup_key_for_retry,
     origin_of,
 )
-from resources.core.entry import Entry
 from resources.core.rules import format_duration
 from resources.core.settings import mask_url
 from resources.ledger.deliveries import DeliveryRecord
@@ -99,10 +96,6 @@ __all__ = [
     "MIGRATIONS_DIR",
     "MIGRATION_LOCK_KEY",
     "ORIGINS",
-    "ORIGIN_BACKFILL",
-    "ORIGIN_DUE",
-    "ORIGIN_MANUAL",
-    "ORIGIN_RETRY",
     "RUN_FAILURE_KINDS",
     "SUMMARY_DISPATCH_FAILURES",
     "SUMMARY_HOOKS",
@@ -114,6 +107,7 @@ __all__ = [
     "Ledger",
     "LedgerConfigError",
     "LedgerError",
+    "Origin",
     "RunLedger",
     "UnknownEntryError",
     "dedup_key_for_backfill",

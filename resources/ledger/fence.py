@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from resources.core import tags
+from resources.core.entry import Status
 from resources.core.fence import Fence, FenceLost
 from resources.ledger.ledger import Ledger
 
@@ -74,7 +74,7 @@ class LedgerGuard:
         entry = self.ledger.get(self.fence.entry_id)
         if entry is None:
             return "gone"
-        if entry.status == tags.STATUS_RUNNING:
+        if entry.status == Status.RUNNING:
             return f"running under run {entry.lease_owner} (claim {entry.claim_generation})"
         if entry.failure_kind:
             return f"{entry.status} ({entry.failure_kind})"

@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from resources.core import metrics as m
-from resources.core import tags
 from resources.core.alerting import DELIVERY_FAILED
-from resources.core.due import ORIGIN_DUE, parse_due
+from resources.core.due import parse_due
+from resources.core.entry import Origin, Status
 from resources.ledger.model import from_db, to_db
 from resources.ledger.schema import (
     PG_HOOK_FAILED,
@@ -32,9 +32,9 @@ from resources.ledger.store import LedgerStore
 
 #: Statuses of an entry that waits to (re)run: its due is late while it waits.
 WAITING_STATUSES: Final = (
-    tags.STATUS_QUEUED,
-    tags.STATUS_RETRYING,
-    tags.STATUS_DISPATCH_FAILED,
+    Status.QUEUED,
+    Status.RETRYING,
+    Status.DISPATCH_FAILED,
 )
 #: Characters of a skipped entry's reason read (the reason word comes first).
 _REASON_CHARS: Final = 64
@@ -73,7 +73,7 @@ class LedgerMetricsQueries(LedgerStore):
         stamp = to_db(self._now(now), "now")
         query = (
             sa.select(c.task_key, sa.func.count().label("n"))
-            .where(c.status == tags.STATUS_RUNNING, c.lease_expires_at < stamp)
+            .where(c.status == Status.RUNNING, c.lease_expires_at < stamp)
             .group_by(c.task_key)
         )
         with self._connect("autocommit") as conn:
@@ -85,7 +85,7 @@ class LedgerMetricsQueries(LedgerStore):
         c = entries.c
         query = sa.select(sa.func.max(c.finished_at)).where(
             c.task_key == sa.bindparam("task"),
-            c.status == tags.STATUS_SUCCESS,
+            c.status == Status.SUCCESS,
             c.finished_at.is_not(None),
         )
         found: dict[str, datetime] = {}
@@ -101,7 +101,7 @@ class LedgerMetricsQueries(LedgerStore):
         the unique index (the key's text sorts as its time does)."""
         c = entries.c
         query = sa.select(sa.func.max(c.dedup_key)).where(
-            c.task_key == sa.bindparam("task"), c.origin == ORIGIN_DUE
+            c.task_key == sa.bindparam("task"), c.origin == Origin.DUE
         )
         found: dict[str, datetime] = {}
         with self._connect("autocommit") as conn:
@@ -121,7 +121,7 @@ class LedgerMetricsQueries(LedgerStore):
         with self._connect("autocommit") as conn:
             for r in conn.execute(query):
                 due = from_db(r.due)
-                if r.origin != ORIGIN_DUE or due is None:
+                if r.origin != Origin.DUE or due is None:
                     continue
                 if r.task_key not in found or due < found[r.task_key]:
                     found[r.task_key] = due
@@ -132,7 +132,7 @@ class LedgerMetricsQueries(LedgerStore):
         index range on ``created_at``."""
         c = entries.c
         query = sa.select(c.task_key, c.due, c.started_at, c.finished_at, c.status).where(
-            c.created_at >= to_db(since, "since"), c.origin == ORIGIN_DUE, c.due.is_not(None)
+            c.created_at >= to_db(since, "since"), c.origin == Origin.DUE, c.due.is_not(None)
         )
         with self._connect("autocommit") as conn:
             rows = conn.execute(query).all()

@@ -14,12 +14,8 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from resources.core.checks import require_aware, require_text
-from resources.core.entries import (
-    MAX_ERROR_CHARS,
-    MAX_RUN_ID_CHARS,
-)
-from resources.core.entry import Entry, with_summary_lists
+from resources.core.arguments import require_aware, require_text
+from resources.core.entry import MAX_ERROR_CHARS, MAX_RUN_ID_CHARS, Entry, with_summary_lists
 from resources.core.errors import InvalidInput
 from resources.core.fence import Fence
 from resources.core.instants import iso

@@ -21,11 +21,17 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import rules, tags
-from resources.core.checks import require_text
+from resources.core import rules
+from resources.core.arguments import require_text
 from resources.core.due import Due
-from resources.core.entries import CLAIMABLE_STATUSES
-from resources.core.entry import Entry, with_summary_lists
+from resources.core.entry import (
+    CLAIMABLE_STATUSES,
+    TERMINAL_STATUSES,
+    Entry,
+    Status,
+    Trigger,
+    with_summary_lists,
+)
 from resources.core.overlap import (
     OVERLAP_WAIT_TURN,
     SUMMARY_OVERLAP,
@@ -50,7 +56,7 @@ from resources.ledger.statements import statements_for
 from resources.ledger.store import LedgerStore
 
 #: In-progress statuses: a run holds the entry, or a retry of it is coming.
-IN_PROGRESS: Final = (tags.STATUS_RUNNING, tags.STATUS_RETRYING)
+IN_PROGRESS: Final = (Status.RUNNING, Status.RETRYING)
 
 
 @dataclass(frozen=True)
@@ -178,7 +184,7 @@ class LedgerOverlap(LedgerStore):
         due: Due | datetime,
         *,
         reason: str,
-        trigger: str = tags.TRIGGER_SCHEDULE,
+        trigger: str = Trigger.SCHEDULE,
         max_attempts: int = 1,
         now: datetime | None = None,
     ) -> tuple[Entry, bool]:
@@ -194,7 +200,7 @@ class LedgerOverlap(LedgerStore):
             "origin": "due",
             "dedup_key": due.key,
             "due": to_db(due.at, "due"),
-            "status": tags.STATUS_SKIPPED,
+            "status": Status.SKIPPED,
             "attempt": 0,
             "max_attempts": max_attempts,
             "parent_id": None,
@@ -237,7 +243,7 @@ class LedgerOverlap(LedgerStore):
         return found
 
     def latest_finished(
-        self, task_key: str, *, limit: int, statuses: tuple[str, ...] = tags.TERMINAL_STATUSES
+        self, task_key: str, *, limit: int, statuses: tuple[str, ...] = TERMINAL_STATUSES
     ) -> list[Entry]:
         """The task's newest entries in ``statuses`` by ``finished_at``, newest first."""
         query = (

@@ -13,10 +13,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import tags
-from resources.core.due import ORIGIN_DUE, Due
-from resources.core.entries import ACTION_RUN_REFUSED, DEFAULT_LIST_LIMIT, origin_of
-from resources.core.entry import Entry
+from resources.core.due import Due
+from resources.core.entry import (
+    ACTION_RUN_REFUSED,
+    DEFAULT_LIST_LIMIT,
+    STATUSES,
+    TRIGGERS,
+    Entry,
+    FailureKind,
+    Origin,
+    Status,
+    Trigger,
+    origin_of,
+)
 from resources.core.instants import iso
 from resources.ledger.model import (
     UnknownEntryError,
@@ -61,18 +70,17 @@ class LedgerQueries(LedgerStore):
         every task's, by id: one range of index ``(status, due)``, so the cost follows the
         rows returned, not the ledger's size (the re-dispatch sensor's read)."""
         due = Due.coerce(due)
-        unknown = [s for s in statuses if s not in tags.STATUSES]
+        unknown = [s for s in statuses if s not in STATUSES]
         if unknown or not statuses:
             raise ValueError(
-                f"statuses must name at least one of {', '.join(tags.STATUSES)}, got "
-                f"{list(statuses)!r}"
+                f"statuses must name at least one of {', '.join(STATUSES)}, got {list(statuses)!r}"
             )
         query = (
             sa.select(entries)
             .where(
                 entries.c.status.in_(list(statuses)),
                 entries.c.due == to_db(due.at, "due"),
-                entries.c.origin == ORIGIN_DUE,
+                entries.c.origin == Origin.DUE,
                 entries.c.dedup_key == due.key,
             )
             .order_by(entries.c.id)
@@ -124,16 +132,15 @@ class LedgerQueries(LedgerStore):
         if task_key is not None:
             query = query.where(entries.c.task_key == task_key)
         if statuses:
-            unknown = [s for s in statuses if s not in tags.STATUSES]
+            unknown = [s for s in statuses if s not in STATUSES]
             if unknown:
                 raise ValueError(
-                    f"unknown status {', '.join(map(repr, unknown))}; "
-                    f"use {', '.join(tags.STATUSES)}"
+                    f"unknown status {', '.join(map(repr, unknown))}; use {', '.join(STATUSES)}"
                 )
             query = query.where(entries.c.status.in_(list(statuses)))
         if trigger is not None:
-            if trigger not in tags.TRIGGERS:
-                raise ValueError(f"trigger {trigger!r} is not one of {', '.join(tags.TRIGGERS)}")
+            if trigger not in TRIGGERS:
+                raise ValueError(f"trigger {trigger!r} is not one of {', '.join(TRIGGERS)}")
             query = query.where(entries.c.trigger == trigger)
         if since is not None:
             query = query.where(entries.c.created_at >= to_db(since, "since"))
@@ -174,7 +181,7 @@ class LedgerQueries(LedgerStore):
         among ``due:`` keys, whose text sorts as the instants do."""
         created = sa.select(sa.func.min(entries.c.created_at)).where(entries.c.task_key == task_key)
         due_key = sa.select(sa.func.min(entries.c.dedup_key)).where(
-            entries.c.task_key == task_key, entries.c.origin == ORIGIN_DUE
+            entries.c.task_key == task_key, entries.c.origin == Origin.DUE
         )
         with self._connect("autocommit") as conn:
             first = from_db(conn.execute(created).scalar())
@@ -216,24 +223,24 @@ class LedgerQueries(LedgerStore):
         since = to_db(at - window, "now")
         c = entries.c
         where: dict[str, Any] = {
-            "active": sa.and_(c.status == tags.STATUS_RUNNING, c.lease_expires_at >= stamp),
-            "stale": sa.and_(c.status == tags.STATUS_RUNNING, c.lease_expires_at < stamp),
-            "queued": c.status == tags.STATUS_QUEUED,
-            "retrying": c.status == tags.STATUS_RETRYING,
-            "failed_window": sa.and_(c.status == tags.STATUS_FAILED, c.finished_at >= since),
-            "success_window": sa.and_(c.status == tags.STATUS_SUCCESS, c.finished_at >= since),
+            "active": sa.and_(c.status == Status.RUNNING, c.lease_expires_at >= stamp),
+            "stale": sa.and_(c.status == Status.RUNNING, c.lease_expires_at < stamp),
+            "queued": c.status == Status.QUEUED,
+            "retrying": c.status == Status.RETRYING,
+            "failed_window": sa.and_(c.status == Status.FAILED, c.finished_at >= since),
+            "success_window": sa.and_(c.status == Status.SUCCESS, c.finished_at >= since),
             "lease_reclaimed_window": sa.and_(
-                c.status == tags.STATUS_FAILED,
+                c.status == Status.FAILED,
                 c.finished_at >= since,
-                c.failure_kind == tags.FAILURE_LEASE_RECLAIMED,
+                c.failure_kind == FailureKind.LEASE_RECLAIMED,
             ),
             "dispatch_failed_window": sa.and_(
-                c.status == tags.STATUS_DISPATCH_FAILED, c.updated_at >= since
+                c.status == Status.DISPATCH_FAILED, c.updated_at >= since
             ),
             "manual_retry_window": sa.and_(
-                c.trigger == tags.TRIGGER_MANUAL_RETRY, c.created_at >= since
+                c.trigger == Trigger.MANUAL_RETRY, c.created_at >= since
             ),
-            "skipped_window": sa.and_(c.status == tags.STATUS_SKIPPED, c.finished_at >= since),
+            "skipped_window": sa.and_(c.status == Status.SKIPPED, c.finished_at >= since),
         }
         count = sa.select(sa.func.count()).select_from(entries)
         # Runs the ledger refused (each audited once, by the claim wrapper): by the audit's

@@ -15,7 +15,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from resources.core.checks import require_text
+from resources.core.arguments import require_text
 from resources.core.dues import Pause
 from resources.core.operators import UI_OPERATOR
 from resources.ledger.model import from_db, to_db

@@ -14,8 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from resources.core import tags
-from resources.core.entries import CLAIMABLE_STATUSES
+from resources.core.entry import CLAIMABLE_STATUSES, FailureKind, Status
 from resources.ledger.schema import entries, task_locks
 
 _B_ID = sa.bindparam("b_id", type_=sa.BigInteger())
@@ -29,12 +28,12 @@ _HAS_ATTEMPTS_LEFT = entries.c.attempt < entries.c.max_attempts
 # An unsupported task can never run again, whatever attempts are left: fail it for good; and
 # an attempt no retry will follow (b_retry false: Dagster will not launch one) is final.
 _WILL_RETRY = sa.and_(
-    _HAS_ATTEMPTS_LEFT, _B_KIND != tags.FAILURE_UNSUPPORTED_TASK, sa.true() == _B_RETRY
+    _HAS_ATTEMPTS_LEFT, _B_KIND != FailureKind.UNSUPPORTED_TASK, sa.true() == _B_RETRY
 )
 _B_TOKEN = sa.bindparam("b_token", type_=sa.BigInteger())
 _OWNED_AND_RUNNING = (
     entries.c.id == _B_ID,
-    entries.c.status == tags.STATUS_RUNNING,
+    entries.c.status == Status.RUNNING,
     entries.c.lease_owner == _B_RUN,
 )
 
@@ -80,7 +79,7 @@ def statements_for(dialect: str) -> Statements:
             _HAS_ATTEMPTS_LEFT,
         )
         .values(
-            status=tags.STATUS_RUNNING,
+            status=Status.RUNNING,
             attempt=entries.c.attempt + 1,
             # The fencing token: every successful claim gets a new one (resources/core/fence.py).
             claim_generation=entries.c.claim_generation + 1,
@@ -98,7 +97,7 @@ def statements_for(dialect: str) -> Statements:
         succeed=sa.update(entries)
         .where(*_OWNED_AND_RUNNING)
         .values(
-            status=tags.STATUS_SUCCESS,
+            status=Status.SUCCESS,
             lease_owner=None,
             lease_expires_at=None,
             finished_at=_B_NOW,
@@ -107,7 +106,7 @@ def statements_for(dialect: str) -> Statements:
         fail=sa.update(entries)
         .where(*_OWNED_AND_RUNNING)
         .values(
-            status=sa.case((_WILL_RETRY, tags.STATUS_RETRYING), else_=tags.STATUS_FAILED),
+            status=sa.case((_WILL_RETRY, Status.RETRYING.value), else_=Status.FAILED.value),
             failure_kind=_B_KIND,
             error=_B_ERROR,
             lease_owner=None,

@@ -18,9 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 import resources.ledger.migrate as migrations
-from resources.core.checks import require_aware
-from resources.core.entries import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS
-from resources.core.entry import Entry
+from resources.core.arguments import require_aware
+from resources.core.entry import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS, Entry
 from resources.core.instants import iso
 from resources.core.settings import load_settings
 from resources.ledger.engine import Mode, Runtime, build_runtime, current_pid

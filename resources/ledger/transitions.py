@@ -20,19 +20,25 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import rules, tags
-from resources.core.checks import require_text
-from resources.core.due import ORIGIN_DUE, Due, format_due
-from resources.core.entries import (
+from resources.core import rules
+from resources.core.arguments import require_text
+from resources.core.due import Due, format_due
+from resources.core.entry import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_DISPATCH_FAILURES,
     MAX_HOOK_RESULTS,
     RUN_FAILURE_KINDS,
+    STATUSES,
     SUMMARY_DISPATCH_FAILURES,
     SUMMARY_HOOKS,
+    TRIGGERS,
+    Entry,
+    FailureKind,
+    Origin,
+    Status,
     origin_of,
+    with_summary_lists,
 )
-from resources.core.entry import Entry, with_summary_lists
 from resources.core.fence import Fence
 from resources.core.instants import iso
 from resources.core.rules import claim_refusal, who
@@ -78,10 +84,10 @@ class LedgerTransitions(LedgerStore):
         match it when given. ``connection`` runs it inside a caller's :meth:`transaction`.
         """
         require_text(task_key, "task_key")
-        if trigger not in tags.TRIGGERS:
-            raise ValueError(f"trigger {trigger!r} is not one of {', '.join(tags.TRIGGERS)}")
+        if trigger not in TRIGGERS:
+            raise ValueError(f"trigger {trigger!r} is not one of {', '.join(TRIGGERS)}")
         origin = origin_of(dedup_key)
-        if origin == ORIGIN_DUE:
+        if origin == Origin.DUE:
             # The key's due and the caller's are compared as Due values: one parser, and a
             # naive or unaligned due is refused by Due itself.
             keyed = Due.from_key(dedup_key)
@@ -104,7 +110,7 @@ class LedgerTransitions(LedgerStore):
             "origin": origin,
             "dedup_key": dedup_key,
             "due": to_db(due, "due"),
-            "status": tags.STATUS_QUEUED,
+            "status": Status.QUEUED,
             "attempt": 0,
             "max_attempts": max_attempts,
             "parent_id": parent_id,
@@ -219,7 +225,7 @@ class LedgerTransitions(LedgerStore):
         run_id: str,
         *,
         error: str,
-        kind: str = tags.FAILURE_ERROR,
+        kind: str = FailureKind.ERROR,
         now: datetime | None = None,
         retry_coming: bool = True,
     ) -> Entry:
@@ -235,11 +241,11 @@ class LedgerTransitions(LedgerStore):
         """
         check_run_id(run_id)
         if kind not in RUN_FAILURE_KINDS:
-            if kind == tags.FAILURE_LEASE_RECLAIMED:
+            if kind == FailureKind.LEASE_RECLAIMED:
                 raise ValueError(
                     "kind 'lease_reclaimed' is set by reclaim_expired(), not reported by a run"
                 )
-            if kind == tags.FAILURE_DISPATCH:
+            if kind == FailureKind.DISPATCH:
                 raise ValueError(
                     "kind 'dispatch' is set by record_dispatch_failure(), not reported by a run"
                 )
@@ -367,7 +373,7 @@ class LedgerTransitions(LedgerStore):
                 entries.c.status.in_(rules.REDISPATCH_FROM),
                 entries.c.manual_retry_at.is_(None),
             )
-            .values(status=tags.STATUS_QUEUED, attempt=0, updated_at=to_db(at, "now"))
+            .values(status=Status.QUEUED, attempt=0, updated_at=to_db(at, "now"))
         )
         with self._connect("autocommit") as conn:
             return conn.execute(stmt).rowcount == 1
@@ -390,7 +396,7 @@ class LedgerTransitions(LedgerStore):
         stamp = to_db(at, "now")
         query = (
             sa.select(entries)
-            .where(entries.c.status == tags.STATUS_RUNNING, entries.c.lease_expires_at < stamp)
+            .where(entries.c.status == Status.RUNNING, entries.c.lease_expires_at < stamp)
             .order_by(entries.c.lease_expires_at, entries.c.id)
             .limit(limit)
         )
@@ -445,7 +451,7 @@ class LedgerTransitions(LedgerStore):
         parent_id: int,
         *,
         operator: str,
-        statuses: Sequence[str] = (tags.STATUS_FAILED,),
+        statuses: Sequence[str] = (Status.FAILED,),
         now: datetime | None = None,
         connection: Connection | None = None,
     ) -> bool:
@@ -455,7 +461,7 @@ class LedgerTransitions(LedgerStore):
         same :meth:`transaction` that creates the child entry and writes the audit record.
         """
         require_text(operator, "operator")
-        unknown = [s for s in statuses if s not in tags.STATUSES]
+        unknown = [s for s in statuses if s not in STATUSES]
         if unknown:
             raise ValueError(f"unknown status {', '.join(map(repr, unknown))}")
         at = to_db(self._now(now), "now")
@@ -514,7 +520,7 @@ class LedgerTransitions(LedgerStore):
         run_id: str,
         *,
         error: str,
-        kind: str = tags.FAILURE_ERROR,
+        kind: str = FailureKind.ERROR,
         now: datetime | None = None,
     ) -> Entry | None:
         """Dagster ended ``run_id`` and will not retry it: its entry becomes ``failed``.

@@ -18,6 +18,7 @@ from run_support import refused, scheduled
 from assets import automation
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
@@ -52,7 +53,7 @@ def stores(tmp_path):
 
 def scheduled_tags(task: str, due: datetime) -> dict[str, str]:
     return scheduled(
-        {t.TAG_TASK: task, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(due)}
+        {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(due)}
     )
 
 
@@ -268,7 +269,7 @@ def test_a_manual_run_is_as_of_its_launch_not_a_due(stores):
     )
     tags = {
         t.TAG_TASK: "order_cleanup",
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL,
         t.TAG_REQUEST_ID: "r-1",
         t.TAG_OPERATOR: "ops",
         t.TAG_REASON: "test",

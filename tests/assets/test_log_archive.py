@@ -29,6 +29,7 @@ from assets.log_archive import (
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.fence import FenceLost
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
@@ -147,7 +148,7 @@ def test_old_logs_are_archived_verified_and_deleted_and_the_ledger_is_untouched(
     archive_dir = tmp_path / "archives"
     rules = DomainRules(archive_dir=str(archive_dir), archive_batch_rows=2)
     tags = scheduled(
-        {t.TAG_TASK: "log_archive", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(DUE)}
+        {t.TAG_TASK: "log_archive", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
     )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
@@ -208,7 +209,7 @@ def test_the_next_days_run_archives_only_what_has_aged_since(tmp_path):
             tags = scheduled(
                 {
                     t.TAG_TASK: "log_archive",
-                    t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+                    t.TAG_TRIGGER: Trigger.SCHEDULE,
                     t.TAG_DUE: format_due(due),
                 }
             )

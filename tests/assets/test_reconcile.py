@@ -20,6 +20,7 @@ from assets.reconcile import (
 )
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger
 from resources.source_schema import read_frame_from
 from resources.source_store import SourceStore, create_schema
@@ -139,7 +140,7 @@ def test_the_task_reports_a_planted_mismatch_and_changes_nothing(source, tmp_pat
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     tags = {
         t.TAG_TASK: "reconcile_account_balance",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: format_due(AS_OF),
     }
     with dg.instance_for_test() as instance:

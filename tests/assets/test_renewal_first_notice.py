@@ -32,6 +32,7 @@ from assets.domain_config import DomainRules
 from orchestration.services import hooks
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Status, Trigger
 from resources.ledger import RunLedger
 from resources.notifier import ACTION_SKIPPED, OutboxNotifier
 from resources.source_store import SourceStore, create_schema
@@ -110,7 +111,7 @@ class Env:
             partition_key=due.strftime("%Y-%m-%d"),
             tags={
                 t.TAG_TASK: "billing_maintenance",
-                t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+                t.TAG_TRIGGER: Trigger.SCHEDULE,
                 t.TAG_DUE: format_due(due),
                 t.DAGSTER_PARTITION: due.strftime("%Y-%m-%d"),
             },
@@ -138,7 +139,7 @@ class Env:
 
     def hooks_on_entry(self, due: datetime) -> list[dict[str, Any]]:
         entry = self.ledger.find("billing_maintenance", f"due:{format_due(due)}")
-        assert entry is not None and entry.status == t.STATUS_SUCCESS
+        assert entry is not None and entry.status == Status.SUCCESS
         return [h for h in entry.summary.get("hooks", []) if h["event"] == EVENT]
 
 
@@ -188,7 +189,7 @@ def test_an_allowing_listener_hears_the_first_notice_with_its_facts_and_it_is_se
     assert (ctx.event, ctx.task_key, ctx.trigger, ctx.due) == (
         EVENT,
         "billing_maintenance",
-        t.TRIGGER_SCHEDULE,
+        Trigger.SCHEDULE,
         format_due(SEVEN_DAYS_BEFORE),
     )
     assert dict(ctx.data) == {

@@ -19,6 +19,7 @@ from assets.policies import AutoRenewPolicy
 from assets.renewals import apply_auto_renew, plan_auto_renew
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.fence import FenceLost
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
@@ -237,7 +238,7 @@ def test_auto_renew_task_keeps_balances_reconcilable(tmp_path):
     resources = {"source": source, "ledger": ledger, "rules": DomainRules()}
 
     def tags(task: str) -> dict[str, str]:
-        return {t.TAG_TASK: task, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(AS_OF)}
+        return {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(AS_OF)}
 
     with dg.instance_for_test() as instance:
         renew = dg.materialize(

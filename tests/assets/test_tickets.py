@@ -18,6 +18,7 @@ from assets.policies import TicketAutoClosePolicy
 from assets.tickets import close_tickets, select_tickets_to_close
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.fence import FenceLost
 from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
@@ -113,7 +114,7 @@ def test_the_daily_task_closes_as_of_its_due(tmp_path):
     ).to_sql("tickets", source.engine(), if_exists="append", index=False)
     tags = {
         t.TAG_TASK: "ticket_auto_close",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: format_due(MIDNIGHT),
     }
     with dg.instance_for_test() as instance:

@@ -8,7 +8,7 @@ import reclaim_scan
 import sqlalchemy as sa
 from run import KIND_CHECK, read_json
 
-from resources.core import tags
+from resources.core.entry import FailureKind, Status
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 
@@ -32,15 +32,15 @@ def _ids(url: str, *where) -> set[int]:
 def test_the_prepared_ledger_has_the_expired_and_live_leases_it_claims(prepared):
     assert len(prepared.expired) == EXPIRED
     assert prepared.live, "the builder's running entries should hold live leases"
-    running = _ids(prepared.url, entries.c.status == tags.STATUS_RUNNING)
+    running = _ids(prepared.url, entries.c.status == Status.RUNNING)
     assert running == set(prepared.expired) | prepared.live
 
 
 def test_reclaim_takes_exactly_the_expired_leases_and_leaves_live_ones(prepared):
     reclaimed = RunLedger(database_url=prepared.url).reclaim_expired(now=prepared.now)
     assert {e.id for e in reclaimed} == set(prepared.expired)
-    assert {e.failure_kind for e in reclaimed} == {tags.FAILURE_LEASE_RECLAIMED}
-    assert _ids(prepared.url, entries.c.status == tags.STATUS_RUNNING) == prepared.live
+    assert {e.failure_kind for e in reclaimed} == {FailureKind.LEASE_RECLAIMED}
+    assert _ids(prepared.url, entries.c.status == Status.RUNNING) == prepared.live
 
 
 def test_every_repeat_starts_from_the_same_expired_leases(prepared):
@@ -54,7 +54,7 @@ def test_every_repeat_starts_from_the_same_expired_leases(prepared):
     ]
     # The scan's SQL was captured for EXPLAIN, and measure() left the expired leases reset.
     assert any("lease_expires_at" in sql for sql, _ in prepared.scan_sql)
-    running = _ids(prepared.url, entries.c.status == tags.STATUS_RUNNING)
+    running = _ids(prepared.url, entries.c.status == Status.RUNNING)
     assert running == set(prepared.expired) | prepared.live
 
 

@@ -42,6 +42,7 @@ from processes import start_group, stop_group
 
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status
 from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 
@@ -57,7 +58,7 @@ ACTIVE = {
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 }
-OPEN = (t.STATUS_QUEUED, t.STATUS_RUNNING, t.STATUS_RETRYING)
+OPEN = (Status.QUEUED, Status.RUNNING, Status.RETRYING)
 
 
 def now() -> datetime:
@@ -274,7 +275,7 @@ class Observer(threading.Thread):
         engine = sa.create_engine(self.ledger_url, pool_pre_ping=True)
         query = sa.text(
             "SELECT id, run_ids, claim_generation, status, failure_kind FROM dueledger_entries "
-            f"WHERE claim_generation > 0 AND status <> '{t.STATUS_RUNNING}'"
+            f"WHERE claim_generation > 0 AND status <> '{Status.RUNNING}'"
         )
         try:
             while not self.stop_event.wait(0.5):
@@ -288,10 +289,10 @@ class Observer(threading.Thread):
                     if key in self.releases:
                         continue
                     runs = row.run_ids if isinstance(row.run_ids, list) else json.loads(row.run_ids)
-                    if row.failure_kind == t.FAILURE_LEASE_RECLAIMED:
+                    if row.failure_kind == FailureKind.LEASE_RECLAIMED:
                         how = "reclaim"
                     else:
-                        how = "success" if row.status == t.STATUS_SUCCESS else "fail"
+                        how = "success" if row.status == Status.SUCCESS else "fail"
                     self.releases[key] = {
                         "type": "release",
                         "entry_id": key[0],

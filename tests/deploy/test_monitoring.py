@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.cli.exposition import LedgerCollector
 from resources.core import metrics as m
-from resources.core import tags as t
+from resources.core.entry import Status, Trigger
 from resources.core.settings import PROJECT_ROOT
 
 PROMETHEUS = PROJECT_ROOT / "deploy" / "prometheus"
@@ -58,7 +58,7 @@ def exported() -> dict[str, set[str]]:
         tasks=[
             m.TaskInfo("order_cleanup", "every 15 minutes", "strict_current_slot", "queue", "core")
         ],
-        entry_counts={("order_cleanup", t.STATUS_SUCCESS, "", t.TRIGGER_SCHEDULE): 1},
+        entry_counts={("order_cleanup", Status.SUCCESS, "", Trigger.SCHEDULE): 1},
         skipped={("order_cleanup", "paused"): 1},
         lags={("order_cleanup", m.STAGE_START): [3.0]},
         last_success={"order_cleanup": 1.0},

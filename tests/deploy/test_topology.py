@@ -72,6 +72,7 @@ from topology_defs import TASKS
 
 from orchestration.cli import main as dueledger
 from resources.core import tags as t
+from resources.core.entry import Status, Trigger
 from resources.core.settings import ENV_DATABASE_URL, ENV_SLOT_MINUTES, ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.source_store import create_schema, make_engine
@@ -94,7 +95,7 @@ ACTIVE = {
 }
 #: A scheduled run is created NOT_STARTED, then submitted to the queue.
 WAITING = {dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED}
-OPEN = (t.STATUS_QUEUED, t.STATUS_RUNNING, t.STATUS_RETRYING)
+OPEN = (Status.QUEUED, Status.RUNNING, Status.RETRYING)
 #: After the code server is back, the daemon reconnects within seconds (its gRPC watch polls
 #: every second); a due in this margin may still be skipped.
 RELOAD_MARGIN = timedelta(seconds=10)
@@ -623,7 +624,7 @@ def test_a_code_server_restart_loses_no_due_and_no_ui_launch(topology: Topology)
     fired = {
         (r.tags[t.TAG_TASK], r.tags[t.TAG_DUE])
         for r in runs
-        if r.tags.get(t.TAG_TRIGGER) == t.TRIGGER_SCHEDULE
+        if r.tags.get(t.TAG_TRIGGER) == Trigger.SCHEDULE
     }
     summary = CliRunner().invoke(dueledger, ["summary", "--json"])
     assert summary.exit_code == 0, summary.output
@@ -651,9 +652,9 @@ def test_a_code_server_restart_loses_no_due_and_no_ui_launch(topology: Topology)
     }
     got = [(e["task_key"], e["dedup_key"]) for e in entries]
     assert sorted(got) == sorted(expected), report + "\n" + topo.diagnostics()
-    bad = [e for e in entries if e["status"] != t.STATUS_SUCCESS or len(e["run_ids"]) != 1]
+    bad = [e for e in entries if e["status"] != Status.SUCCESS or len(e["run_ids"]) != 1]
     assert not bad, report + "\n" + json.dumps(bad, indent=1)
-    manual = {e["dedup_key"]: e for e in entries if e["trigger"] == t.TRIGGER_MANUAL}
+    manual = {e["dedup_key"]: e for e in entries if e["trigger"] == Trigger.MANUAL}
     for run_id in launched:
         assert manual[f"manual:{run_id}"]["run_ids"] == [run_id]
         assert manual[f"manual:{run_id}"]["operator"] == "dagster-ui"

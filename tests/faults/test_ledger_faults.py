@@ -17,7 +17,7 @@ import pytest
 from pg_server import PgServer
 from sqlalchemy.engine import make_url
 
-from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import Entry, LedgerError, RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.postgres
@@ -37,7 +37,7 @@ TTL = timedelta(seconds=60)
 def _entry(ledger: RunLedger) -> Entry:
     return ledger.ensure_entry(
         task_key="order_cleanup",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(DUE),
         max_attempts=3,
         now=DUE,
@@ -82,7 +82,7 @@ def test_a_connection_killed_mid_claim_is_a_clear_error_and_the_retry_claims_onc
         ledger.claim(entry.id, "run-a", lease_ttl=TTL, now=DUE)
     message = str(caught.value)
     assert "cannot use the ledger database" in message and "DUELEDGER_DATABASE_URL" in message
-    assert _get(ledger, entry.id).status == t.STATUS_QUEUED, "a failed claim changed nothing"
+    assert _get(ledger, entry.id).status == Status.QUEUED, "a failed claim changed nothing"
 
     retried = ledger.claim(entry.id, "run-a", lease_ttl=TTL, now=DUE)
     assert retried.claimed
@@ -91,7 +91,7 @@ def test_a_connection_killed_mid_claim_is_a_clear_error_and_the_retry_claims_onc
     other = ledger.claim(entry.id, "run-b", lease_ttl=TTL, now=DUE)
     assert not other.claimed
     after = _get(ledger, entry.id)
-    assert after.status == t.STATUS_RUNNING
+    assert after.status == Status.RUNNING
     assert after.run_ids == ("run-a",)
     assert after.attempt == 1
     assert [r["run_id"] for r in after.summary["late_job_rejections"]] == ["run-b"]
@@ -146,8 +146,8 @@ def test_clock_skew_inside_the_lease_never_gives_two_owners(
     assert not ledger.succeed(entry.id, "run-a", now=expired)
 
     final = _get(ledger, entry.id)
-    assert final.status == t.STATUS_FAILED
-    assert final.failure_kind == t.FAILURE_LEASE_RECLAIMED
+    assert final.status == Status.FAILED
+    assert final.failure_kind == FailureKind.LEASE_RECLAIMED
     assert final.run_ids == ("run-a",), "never a second owner"
     assert final.attempt == 1
     rejected = [r["run_id"] for r in final.summary["late_job_rejections"]]
@@ -212,12 +212,12 @@ def test_a_worker_killed_at_each_ledger_step_loses_no_due_and_never_runs_it_twic
 
     if step == "inserted":  # nothing happened yet: the next run does it, once
         assert reclaimed == [] and retry.claimed
-        assert final.status == t.STATUS_SUCCESS and final.run_ids == ("run-next",)
+        assert final.status == Status.SUCCESS and final.run_ids == ("run-next",)
         assert done == ["run-next"]
     else:  # claimed (side effect maybe done): reclaimed as failed, never re-run
         assert [e.id for e in reclaimed] == [entry.id] and not retry.claimed
-        assert final.status == t.STATUS_FAILED
-        assert final.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        assert final.status == Status.FAILED
+        assert final.failure_kind == FailureKind.LEASE_RECLAIMED
         assert final.run_ids == ("run-killed",)
         assert done == ([] if step == "claimed" else ["run-killed"])
         assert final.summary["late_job_rejections"][-1]["run_id"] == "run-next"

@@ -31,6 +31,7 @@ from dagster_internals import (
 from pg_server import PgServer
 
 from resources.core import tags as t
+from resources.core.entry import Status
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.ledger import Entry, RunLedger, dedup_key_for_due
 from resources.sample_data import generate_sample_data
@@ -106,7 +107,7 @@ def harness(
 
 def _assert_executed_once(h: Harness) -> None:
     entry = h.entry()
-    assert entry.status == t.STATUS_SUCCESS, entry.to_json()
+    assert entry.status == Status.SUCCESS, entry.to_json()
     assert len(entry.run_ids) == 1, f"claimed by {entry.run_ids}"
     assert entry.attempt == 1
     rows = h.log_rows()

@@ -65,6 +65,7 @@ from orchestration.services.reclaim import reclaim_leases
 from orchestration.services.retry import record_retry
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
+from resources.core.entry import Status, Trigger
 from resources.core.errors import Refused
 from resources.core.fence import FenceLost
 from resources.core.operators import Operators
@@ -195,7 +196,7 @@ class Harness:
             }
             tags = {**run.tags, **extra}
             self.at(self.rng.uniform(2.0, 8.0), lambda: self.new_run_with(run, tags))
-        elif after is not None and after.status == t.STATUS_DISPATCH_FAILED:
+        elif after is not None and after.status == Status.DISPATCH_FAILED:
             self.redispatch(run, after.id)
 
     def new_run_with(self, parent: Run, tags: dict[str, str]) -> None:
@@ -212,13 +213,13 @@ class Harness:
         if failures > MAX_REDISPATCHES or not self.ledger.redispatch(entry_id, now=self.now()):
             return
         key = f"{_due(run.due)}#redispatch-{failures}"
-        self.new_run(run.task, run.due, t.TRIGGER_SENSOR, {t.DAGSTER_RUN_KEY: key})
+        self.new_run(run.task, run.due, Trigger.SENSOR, {t.DAGSTER_RUN_KEY: key})
 
     def _released(self, before: Any, after: Any, how: str) -> None:
         if (
             before is not None
-            and before.status == t.STATUS_RUNNING
-            and (after is None or after.status != t.STATUS_RUNNING)
+            and before.status == Status.RUNNING
+            and (after is None or after.status != Status.RUNNING)
         ):
             self.write(
                 "release",
@@ -321,7 +322,7 @@ class Harness:
         dead lease owner of its chain, or resume the dispatch_failed entry its parent left."""
         if t.DAGSTER_RETRY_NUMBER not in run.tags:
             return entry
-        if entry.status == t.STATUS_RUNNING and entry.lease_owner:
+        if entry.status == Status.RUNNING and entry.lease_owner:
             owner = next((r for r in self.runs if r.run_id == entry.lease_owner), None)
             if owner is not None and owner.status == "FAILURE":
                 after = self.ledger.fail(
@@ -341,7 +342,7 @@ class Harness:
         before = self.ledger.get(entry_id)
         after = self.ledger.fail(entry_id, run.run_id, error=error, now=self.now(run.skew))
         self._released(before, after, "fail")
-        retry = after.status == t.STATUS_RETRYING
+        retry = after.status == Status.RETRYING
         self.end(run, "FAILURE", will_retry=retry)
 
     def effect(self, run: Run, guard: LedgerGuard, entry_id: int, name: str, token: int) -> bool:
@@ -390,7 +391,7 @@ class Harness:
             self.write(
                 "release", entry_id=done.entry_id, run_id=done.run_id, token=token, how="reclaim"
             )
-        running = self.ledger.list_entries(statuses=[t.STATUS_RUNNING], limit=1)[0]
+        running = self.ledger.list_entries(statuses=[Status.RUNNING], limit=1)[0]
         if self.events or running:
             self.at(RECLAIM_EVERY, self.reclaim_tick)
         else:
@@ -431,10 +432,10 @@ class Harness:
             if k > 0 and self.rng.random() < rates.not_dispatched:
                 self.write("fault", kind="not_dispatched", target=f"{task}@{_due(due)}")
                 return
-            self.new_run(task, due, t.TRIGGER_SCHEDULE, {t.DAGSTER_RUN_KEY: _due(due)})
+            self.new_run(task, due, Trigger.SCHEDULE, {t.DAGSTER_RUN_KEY: _due(due)})
             if self.rng.random() < rates.duplicate:
                 self.write("fault", kind="duplicate", target=f"{task}@{_due(due)}")
-                self.new_run(task, due, t.TRIGGER_SCHEDULE, {t.DAGSTER_RUN_KEY: _due(due)})
+                self.new_run(task, due, Trigger.SCHEDULE, {t.DAGSTER_RUN_KEY: _due(due)})
 
         return dispatch
 
@@ -452,7 +453,7 @@ class Harness:
         failed = [
             e
             for e in self.ledger.list_entries(
-                statuses=[t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED], limit=500
+                statuses=[Status.FAILED, Status.DISPATCH_FAILED], limit=500
             )[0]
         ]
         for entry in failed:
@@ -479,7 +480,7 @@ class Harness:
                 t.TAG_OPERATOR: "harness-operator",
                 t.TAG_REASON: "retried in the fault harness",
             }
-            self.new_run(entry.task_key, entry.due, t.TRIGGER_MANUAL_RETRY, extra)
+            self.new_run(entry.task_key, entry.due, Trigger.MANUAL_RETRY, extra)
 
     def _finish(self, dues: list[datetime]) -> dict[str, Any]:
         self.clock += 2 * SLOT.total_seconds()  # so the audit sees the last slot as over

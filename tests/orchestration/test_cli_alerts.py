@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from orchestration.cli import main
 from resources.core import alerting as a
-from resources.core import tags as t
+from resources.core.entry import Status, Trigger
 from resources.ledger import RunLedger, dedup_key_for_due
 from resources.ledger.schema import alert_deliveries
 
@@ -49,7 +49,7 @@ def webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSink]:
 def _expired_lease(ledger: RunLedger) -> int:
     due = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=15)
     entry = ledger.ensure_entry(
-        task_key="order_cleanup", trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(due)
+        task_key="order_cleanup", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due)
     )
     ledger.claim(entry.id, "run-dead", lease_ttl=timedelta(minutes=1), now=due)
     return entry.id
@@ -115,7 +115,7 @@ def test_a_bad_alert_configuration_is_exit_2_naming_the_variable_and_no_secret(
     entry_id = _expired_lease(ledger)
     code, out, _ = invoke("reclaim", "--json")
     assert code == 2 and a.ENV_WEBHOOK_URL in json.loads(out)["error"]
-    assert ledger.get(entry_id).status == t.STATUS_RUNNING  # type: ignore[union-attr]
+    assert ledger.get(entry_id).status == Status.RUNNING  # type: ignore[union-attr]
 
 
 def test_reclaim_delivers_its_alerts_once(ledger, webhook) -> None:

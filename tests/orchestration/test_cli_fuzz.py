@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from orchestration.cli import main
 from orchestration.tasks import TASKS
 from resources.core import alerting as a
-from resources.core import tags as t
+from resources.core.entry import STATUSES, Trigger
 from resources.core.settings import (
     ENV_DATABASE_URL,
     ENV_IDENTITY,
@@ -108,7 +108,7 @@ cursors = st.one_of(
     ),
 )
 unknown_tasks = texts.filter(lambda s: s.strip() not in TASK_KEYS)
-statuses = st.one_of(st.sampled_from([*t.STATUSES, "failed,success", "failed,"]), texts)
+statuses = st.one_of(st.sampled_from([*STATUSES, "failed,success", "failed,"]), texts)
 
 
 def _optional(name: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[str]]:
@@ -209,7 +209,7 @@ def fuzz_env(
     for k, ok in ((0, True), (1, False)):
         entry = ledger.ensure_entry(
             task_key="order_cleanup",
-            trigger=t.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key=dedup_key_for_due(DUE + timedelta(minutes=15 * k)),
             max_attempts=1,
         )
@@ -471,7 +471,7 @@ def env_fuzz(fuzz_env: tuple[str, Path], secret_webhook: WebhookSink, tmp_path: 
     try:
         due = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
         entry = ledger.ensure_entry(
-            task_key="order_cleanup", trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(due)
+            task_key="order_cleanup", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due)
         )
         ledger.claim(entry.id, "run-dead", lease_ttl=timedelta(minutes=1), now=due)
     finally:

@@ -29,6 +29,7 @@ from orchestration.services.launch import manual_run_id
 from orchestration.services.views import task_views
 from resources.core import alerting as a
 from resources.core import tags as t
+from resources.core.entry import Status, Trigger
 from resources.core.settings import (
     ENV_DATABASE_URL,
     ENV_IDENTITY,
@@ -62,7 +63,7 @@ class Box:
     def expired_lease(self, run_id: str = "run-dead") -> int:
         due = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=15)
         entry = self.ledger.ensure_entry(
-            task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(due)
+            task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due)
         )
         assert self.ledger.claim(entry.id, run_id, lease_ttl=timedelta(minutes=1), now=due)
         return entry.id
@@ -147,7 +148,7 @@ def test_a_webhook_url_that_cannot_work_is_exit_2_naming_it_before_anything_chan
         ran = box.run(*args, **{a.ENV_WEBHOOK_URL: BAD_WEBHOOK_URLS[name]})
         assert a.ENV_WEBHOOK_URL in ran.error(2), name
         no_secret(ran, SECRET, "X-Injected")
-    assert box.status(entry_id) == t.STATUS_RUNNING  # reclaim changed nothing
+    assert box.status(entry_id) == Status.RUNNING  # reclaim changed nothing
     assert box.rows(alert_deliveries) == []
 
 
@@ -167,7 +168,7 @@ def test_a_webhook_secret_in_path_query_or_error_page_never_reaches_output_or_th
     assert delivery["status"] == "failed" and "HTTP 404" in delivery["last_error"]
     assert "no hook at" in delivery["last_error"]  # the answer is kept, its secrets are not
     no_secret(ran, SECRET, key)
-    assert box.status(entry_id) == t.STATUS_FAILED
+    assert box.status(entry_id) == Status.FAILED
     for args in (["alerts", "--json"], ["alerts"]):
         shown = box.run(*args, **{a.ENV_WEBHOOK_URL: url})
         assert shown.code == 0 and "HTTP 404" in shown.out
@@ -288,7 +289,7 @@ def test_with_an_allow_list_operations_commands_need_a_role_and_are_audited(
     as_("carol", *replace, "--yes-delete-everything", code=3)
     # A retrier may not replace the store either: that is the admin's.
     assert "operator_has_role_admin" in as_("bob", *replace, code=3).out
-    assert box.status(entry_id) == t.STATUS_RUNNING
+    assert box.status(entry_id) == Status.RUNNING
     assert box.rows(alert_deliveries) == [] and webhook.received == []
     assert stored_text(box.env[ENV_SOURCE_URL]) == before
     refused = {(r["operator"], r["action"]) for r in box.rows(audit)}
@@ -302,7 +303,7 @@ def test_with_an_allow_list_operations_commands_need_a_role_and_are_audited(
 
     # With the role each one acts, and says so in the audit.
     assert as_("bob", "reclaim", "--json", code=0).json()["count"] == 1
-    assert box.status(entry_id) == t.STATUS_FAILED
+    assert box.status(entry_id) == Status.FAILED
     assert as_("bob", "liveness", "--alert", "--json", code=1).json()["alert_deliveries"]
     as_("alice", *replace, code=0)
     done = [r for r in box.rows(audit) if not str(r["outcome"]).startswith("refused")]
@@ -441,7 +442,7 @@ def test_a_full_disk_says_so(sqlite_url: str) -> None:
             for k in range(200):
                 ledger.ensure_entry(
                     task_key=TASK,
-                    trigger=t.TRIGGER_MANUAL,
+                    trigger=Trigger.MANUAL,
                     dedup_key=f"manual:{k}",
                     reason="r" * 2000,
                 )
@@ -489,7 +490,7 @@ def test_repeating_a_manual_launch_whose_run_was_canceled_re_dispatches_it(
         ):
             sensor(ctx)
         entry = box.ledger.get(entry_id)
-        assert entry is not None and entry.status == t.STATUS_DISPATCH_FAILED
+        assert entry is not None and entry.status == Status.DISPATCH_FAILED
         (alert,) = [json.loads(r.getMessage()) for r in caplog.records]
         assert alert["alert"] == "dispatch_failed"
         assert "`dueledger launch ticket_auto_close --request-id CANCELME" in alert["action"]
@@ -505,7 +506,7 @@ def test_repeating_a_manual_launch_whose_run_was_canceled_re_dispatches_it(
         )
         assert data["run_id"] == manual_run_id("ticket_auto_close", "CANCELME", 1) != run_id
         entry = box.ledger.get(entry_id)
-        assert entry is not None and entry.status == t.STATUS_QUEUED
+        assert entry is not None and entry.status == Status.QUEUED
         (failure,) = entry.summary["dispatch_failures"]  # rule 5: the earlier error is kept
         assert failure["run_id"] == run_id and "canceled" in failure["error"]
         new_run = instance.get_run_by_id(data["run_id"])

@@ -22,7 +22,8 @@ from contract import ENTRY_KEYS, SUMMARY_LISTS
 from orchestration.cli import main
 from orchestration.cli.runs import CHECK_IDENTITY
 from resources.core import tags as t
-from resources.core.checks import MAX_REASON_CHARS
+from resources.core.arguments import MAX_REASON_CHARS
+from resources.core.entry import Trigger
 from resources.core.retry_rules import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
 from resources.ledger import (
@@ -109,7 +110,7 @@ def sqlite_cli(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def scheduled(ledger: RunLedger, k: int, task: str = TASK, **kw: Any) -> Entry:
     return ledger.ensure_entry(
         task_key=task,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(DUE + k * SLOT),
         max_attempts=1,
         **kw,
@@ -155,7 +156,7 @@ def test_show_json_shape_with_children_audit_and_dagster_status(sqlite_cli: Cli)
     parent = failed(cli.ledger, run_id=real_run)
     cli.ledger.ensure_entry(
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(parent.id),
         parent_id=parent.id,
         operator="alice",
@@ -206,7 +207,7 @@ def test_summary_json_shape_and_counts(cli: Cli) -> None:
     parent = failed(ledger, 4)
     ledger.ensure_entry(
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(parent.id),
         parent_id=parent.id,
     )
@@ -267,7 +268,7 @@ def test_retry_json_shape_and_a_real_dagster_re_execution(sqlite_cli: Cli) -> No
     assert run is not None and run.status == dg.DagsterRunStatus.QUEUED  # not waited for
     assert (run.parent_run_id, run.root_run_id) == (first, first)
     assert run.tags[t.DAGSTER_PARENT_RUN_ID] == first
-    assert run.tags[t.TAG_TRIGGER] == t.TRIGGER_MANUAL_RETRY
+    assert run.tags[t.TAG_TRIGGER] == Trigger.MANUAL_RETRY
     assert run.tags[t.TAG_PARENT_ENTRY] == str(parent.id)
     assert (run.tags[t.TAG_OPERATOR], run.tags[t.TAG_REASON]) == ("bob", again)
     assert run.tags[t.TAG_TASK] == TASK
@@ -407,7 +408,7 @@ def test_pages_are_newest_first_disjoint_and_complete_for_each_filter(cli: Cli) 
         made.append(entry)
     manual = ledger.ensure_entry(
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request("req"),
         now=base + timedelta(minutes=5),  # same instant as entry 5: the id breaks the tie
     )
@@ -455,7 +456,7 @@ def _inserter(url: str, stop: threading.Event, made: list[int], errors: list[str
             when = None if k % 2 else datetime(2026, 11, 1, tzinfo=UTC) + timedelta(seconds=k)
             entry = ledger.ensure_entry(
                 task_key=TASK,
-                trigger=t.TRIGGER_MANUAL,
+                trigger=Trigger.MANUAL,
                 dedup_key=dedup_key_for_request(f"concurrent-{k}"),
                 now=when,
             )

@@ -24,6 +24,7 @@ from assets.domain_config import DomainRules
 from orchestration.cli import main
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.settings import ENV_SOURCE_URL, mask_url
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
@@ -105,7 +106,7 @@ def test_demo_data_a_local_platform_worked_on_is_replaced_without_asking(
             (order_cleanup, "order_cleanup", None),
             (billing_maintenance, "billing_maintenance", AS_OF.strftime("%Y-%m-%d")),
         ):
-            tags = {t.TAG_TASK: task, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE}
+            tags = {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE}
             tags[t.TAG_DUE] = format_due(AS_OF)
             result = dg.materialize(
                 [asset], resources=resources, instance=instance, tags=tags, partition_key=partition

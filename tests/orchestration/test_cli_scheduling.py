@@ -19,6 +19,7 @@ from cli_process import Ran, base_env, run_cli
 
 from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot
+from resources.core.entry import Status, Trigger
 from resources.core.settings import ENV_DATABASE_URL, ENV_TIMEZONE
 from resources.ledger import RunLedger
 
@@ -149,10 +150,10 @@ def test_catch_up_runs_each_due_once_and_a_second_catch_up_does_nothing(
     ledger = box.ledger
     start = floor_to_slot(datetime.now(UTC), 15) - 4 * SLOT
     dues = [Due(start + i * SLOT) for i in range(4)]
-    done = ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=dues[0].key)
+    done = ledger.ensure_entry(task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=dues[0].key)
     ledger.claim(done.id, "run-done", lease_ttl=timedelta(minutes=5))
     ledger.succeed(done.id, "run-done")
-    failed = ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=dues[1].key)
+    failed = ledger.ensure_entry(task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=dues[1].key)
     ledger.claim(failed.id, "run-failed", lease_ttl=timedelta(minutes=5))
     ledger.fail(failed.id, "run-failed", error="boom", retry_coming=False)
     span = ("--from", dues[0].text, "--to", (dues[-1].at + SLOT).isoformat())
@@ -174,16 +175,16 @@ def test_catch_up_runs_each_due_once_and_a_second_catch_up_does_nothing(
         entry = ledger.find(TASK, due.key)
         assert entry is not None and entry.id == item["entry_id"]
         assert (entry.trigger, entry.operator, entry.status) == (
-            t.TRIGGER_MANUAL,
+            Trigger.MANUAL,
             "alice",
-            t.STATUS_QUEUED,
+            Status.QUEUED,
         )
     retried = ledger.get(failed.id)
     assert retried is not None and retried.manual_retry_by == "alice"
     monkeypatch.setenv("DAGSTER_HOME", box.env["DAGSTER_HOME"])
     with dg.DagsterInstance.get() as instance:  # the runs wait in its queue (no daemon here)
         runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
-    queued = {r.tags.get(t.TAG_DUE) for r in runs if r.tags.get(t.TAG_TRIGGER) == t.TRIGGER_MANUAL}
+    queued = {r.tags.get(t.TAG_DUE) for r in runs if r.tags.get(t.TAG_TRIGGER) == Trigger.MANUAL}
     assert {dues[2].text, dues[3].text} <= queued
 
     second = box.ok("catch-up", TASK, *span, *who)

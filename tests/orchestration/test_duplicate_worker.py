@@ -20,6 +20,7 @@ from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, task_run
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Status, Trigger
 from resources.core.plans import EverySlots
 from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
@@ -60,7 +61,7 @@ def test_a_second_process_of_the_same_run_does_nothing(ledger: RunLedger) -> Non
         assets=[twice_task], jobs=[JOB], resources={"ledger": ledger}
     ).resolve_job_def("twice_job")
     run_id = str(uuid.uuid4())
-    tags = {t.TAG_TASK: SPEC.key, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(DUE)}
+    tags = {t.TAG_TASK: SPEC.key, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
     results: list[dg.ExecuteInProcessResult] = []
 
     def first() -> None:
@@ -80,7 +81,7 @@ def test_a_second_process_of_the_same_run_does_nothing(ledger: RunLedger) -> Non
     assert acted[0].startswith("refused") and "another process" in acted[0], acted
     assert acted[1:] == ["did the work"], acted
     (entry,) = ledger.list_entries(limit=5)[0]
-    assert entry.status == t.STATUS_SUCCESS and entry.run_ids == (run_id,)
+    assert entry.status == Status.SUCCESS and entry.run_ids == (run_id,)
     assert entry.claim_generation == 1
     (traced,) = entry.summary["late_job_rejections"]
     assert traced["run_id"] == run_id and "another process" in traced["reason"]

@@ -26,6 +26,7 @@ from orchestration.services.runtime import task_run
 from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import Refused
 from resources.core.plans import EverySlots
 from resources.core.registry import TaskSpec
@@ -105,7 +106,7 @@ def evaluate(schedule_name: str, when: datetime, instance: dg.DagsterInstance, l
 def materialize(asset, ledger, instance, tags, **kw):
     """Execute the asset in process as its run would: a scheduled request's run carries the
     schedule's name, which the daemon adds when it launches it."""
-    if tags.get(t.TAG_TRIGGER) == t.TRIGGER_SCHEDULE:
+    if tags.get(t.TAG_TRIGGER) == Trigger.SCHEDULE:
         tags = scheduled(tags)
     return dg.materialize([asset], resources={"ledger": ledger}, instance=instance, tags=tags, **kw)
 
@@ -128,7 +129,7 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
     before = recorder.one(hooks.BEFORE_TASK_CREATE)
     assert (before.task_key, before.trigger, before.due, before.slot) == (
         "tick_every_slot",
-        t.TRIGGER_SCHEDULE,
+        Trigger.SCHEDULE,
         DUE_KEY,
         DUE_KEY,
     )
@@ -146,17 +147,17 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
         hooks.TASK_AFTER,
     ]
     entry = ledger.find("tick_every_slot", f"due:{DUE_KEY}")
-    assert entry is not None and entry.status == t.STATUS_SUCCESS
+    assert entry is not None and entry.status == Status.SUCCESS
     for event in (hooks.TASK_BEFORE, hooks.TICK_EVERY_SLOT, hooks.TASK_AFTER):
         ctx = recorder.one(event)
         assert (ctx.task_key, ctx.trigger, ctx.due, ctx.slot) == (
             "tick_every_slot",
-            t.TRIGGER_SCHEDULE,
+            Trigger.SCHEDULE,
             DUE_KEY,
             DUE_KEY,
         )
         assert (ctx.entry_id, ctx.attempt, ctx.run_id) == (entry.id, 1, run.run_id)
-    assert recorder.one(hooks.TASK_AFTER).status == t.STATUS_SUCCESS
+    assert recorder.one(hooks.TASK_AFTER).status == Status.SUCCESS
     # Every outcome is on the entry, the creation ones carried in by the run's tag.
     assert hook_events(ledger, "tick_every_slot", f"due:{DUE_KEY}") == [
         (hooks.BEFORE_TASK_CREATE, "recorder", "allow"),
@@ -196,7 +197,7 @@ def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
     assert recorder.events().count(event) == 1
     assert recorder.one(event).slot == DUE_KEY
     entry = ledger.find(task_key, f"due:{DUE_KEY}")
-    assert entry is not None and entry.status == t.STATUS_SUCCESS
+    assert entry is not None and entry.status == Status.SUCCESS
 
 
 # --- raising, slow and denying listeners ---------------------------------------------------------
@@ -218,7 +219,7 @@ def test_a_raising_and_a_slow_listener_do_not_stop_the_others_or_the_task(
 
     install(raising, slow, recorder.listener())
     caplog.set_level(logging.INFO, logger=hooks.LOGGER.name)
-    tags = {t.TAG_TASK: "tick_every_slot", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE_KEY}
+    tags = {t.TAG_TASK: "tick_every_slot", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE_KEY}
     try:
         run = materialize(TICK_ASSETS["tick_every_slot"], ledger, instance, tags)
     finally:
@@ -226,7 +227,7 @@ def test_a_raising_and_a_slow_listener_do_not_stop_the_others_or_the_task(
     assert run.success
     assert recorder.events() == [hooks.TASK_BEFORE, hooks.TICK_EVERY_SLOT, hooks.TASK_AFTER]
     entry = ledger.find("tick_every_slot", f"due:{DUE_KEY}")
-    assert entry is not None and entry.status == t.STATUS_SUCCESS
+    assert entry is not None and entry.status == Status.SUCCESS
     stored = {(h["event"], h["listener"]): h for h in entry.summary["hooks"]}
     assert stored[(hooks.TASK_BEFORE, "raising")]["outcome"] == "error"
     assert (
@@ -277,7 +278,7 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
     install(recorder.listener())
     tags = {
         t.TAG_TASK: "hook_probe",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: DUE_KEY,
         # As a task job's run tags set it: Dagster will retry a failure twice.
         t.DAGSTER_MAX_RETRIES: "2",
@@ -287,7 +288,7 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
     assert recorder.events() == [hooks.TASK_BEFORE, hooks.TASK_FAILED]
     failed = recorder.one(hooks.TASK_FAILED)
     assert failed.error == "ValueError: the source is down"
-    assert failed.status == t.STATUS_RETRYING  # attempts left: Dagster's retry comes next
+    assert failed.status == Status.RETRYING  # attempts left: Dagster's retry comes next
     assert (failed.attempt, failed.run_id) == (1, run.run_id)
 
 
@@ -358,7 +359,7 @@ def unsupported_tags(task_key: str = "tick_renamed_away") -> dict[str, str]:
     # with the job's retry budget.
     return {
         t.TAG_TASK: task_key,
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: DUE_KEY,
         t.DAGSTER_MAX_RETRIES: "2",
     }
@@ -383,7 +384,7 @@ def test_an_unsupported_task_fails_its_entry_once_with_one_alert_and_no_retry(
     assert not run.success
     entry = ledger.find("tick_renamed_away", f"due:{DUE_KEY}")
     assert entry is not None
-    assert (entry.status, entry.failure_kind) == (t.STATUS_FAILED, t.FAILURE_UNSUPPORTED_TASK)
+    assert (entry.status, entry.failure_kind) == (Status.FAILED, FailureKind.UNSUPPORTED_TASK)
     assert (entry.attempt, entry.max_attempts) == (1, 1)
     assert "not registered" in (entry.error or "")
     # Dagster itself decided not to retry (run retries are enabled on this instance).
@@ -393,12 +394,12 @@ def test_an_unsupported_task_fails_its_entry_once_with_one_alert_and_no_retry(
     assert [a["entry_id"] for a in alerts(caplog)] == [entry.id]
     # The body never ran: no task_before, no tick event; task_failed once, with its kind.
     assert recorder.events() == [hooks.TASK_FAILED]
-    assert recorder.one(hooks.TASK_FAILED).failure_kind == t.FAILURE_UNSUPPORTED_TASK
+    assert recorder.one(hooks.TASK_FAILED).failure_kind == FailureKind.UNSUPPORTED_TASK
 
     again = materialize(asset, ledger, instance, unsupported_tags(), raise_on_error=False)
     assert not again.success
     after = ledger.get(entry.id)
-    assert after is not None and after.status == t.STATUS_FAILED and after.attempt == 1
+    assert after is not None and after.status == Status.FAILED and after.attempt == 1
     assert len(alerts(caplog)) == 1, "one alert per entry, not one per run"
 
 
@@ -418,7 +419,7 @@ def test_an_unsupported_run_of_an_entry_with_attempts_left_still_ends_failed(
     # The entry was made while the task existed (three attempts), then the task went away.
     made = ledger.ensure_entry(
         task_key="tick_renamed_away",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=f"due:{DUE_KEY}",
         max_attempts=3,
     )
@@ -428,4 +429,4 @@ def test_an_unsupported_run_of_an_entry_with_attempts_left_still_ends_failed(
     assert not run.success
     entry = ledger.get(made.id)
     assert entry is not None
-    assert (entry.status, entry.failure_kind) == (t.STATUS_FAILED, t.FAILURE_UNSUPPORTED_TASK)
+    assert (entry.status, entry.failure_kind) == (Status.FAILED, FailureKind.UNSUPPORTED_TASK)

@@ -35,7 +35,8 @@ from orchestration.services.launch import (
 from orchestration.services.manual import launch_manual
 from orchestration.tasks import TASKS
 from resources.core import tags as t
-from resources.core.checks import MAX_REASON_CHARS
+from resources.core.arguments import MAX_REASON_CHARS
+from resources.core.entry import FailureKind, Status
 from resources.ledger import RunLedger
 
 FakeRun = Callable[..., subprocess.CompletedProcess[str]]
@@ -209,7 +210,7 @@ def test_a_manual_launch_that_times_out_leaves_its_entry_dispatch_failed(
         )
     entry = ledger.find("order_cleanup", "manual:r")
     assert entry is not None
-    assert (entry.status, entry.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
+    assert (entry.status, entry.failure_kind) == (Status.DISPATCH_FAILED, FailureKind.DISPATCH)
     assert entry.error is not None and "did not finish within" in entry.error
     ledger.dispose()
 
@@ -239,7 +240,7 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
                 **args,
             )
         [failed] = ledger.list_entries(limit=5)[0]
-        assert failed.status == t.STATUS_DISPATCH_FAILED
+        assert failed.status == Status.DISPATCH_FAILED
         result = launch_manual(
             TASKS,
             "order_cleanup",
@@ -254,7 +255,7 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
     # It says so: the caller learns the request was re-dispatched, not launched anew.
     assert result.as_json()["redispatched"] is True and result.as_json()["existing"] is False
     entry = ledger.get(failed.id)
-    assert entry is not None and entry.status == t.STATUS_QUEUED  # its run can claim it
+    assert entry is not None and entry.status == Status.QUEUED  # its run can claim it
     assert ledger.claim(entry.id, submitted[0], lease_ttl=timedelta(minutes=5)).claimed
 
 

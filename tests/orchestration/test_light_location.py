@@ -29,6 +29,7 @@ from run_support import scheduled
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +121,7 @@ def _tags(job: str) -> dict[str, str]:
     if spec.manual_trigger:
         return {}
     due = format_due(datetime(2026, 11, 30, 22, 45, tzinfo=UTC))
-    return scheduled({t.TAG_TASK: spec.key, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: due})
+    return scheduled({t.TAG_TASK: spec.key, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: due})
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from resources.core import metrics as m
 from resources.core import tags as t
 from resources.core.alerting import ENV_WEBHOOK_URL
 from resources.core.due import floor_to_slot, format_due
+from resources.core.entry import FailureKind, Trigger
 from resources.core.registry import require_task
 from resources.core.settings import ENV_DATABASE_URL, PROJECT_ROOT
 from resources.ledger import RunLedger, dedup_key_for_due
@@ -82,7 +83,7 @@ def run(instance: dg.DagsterInstance, ledger: RunLedger, due: datetime, **tags: 
         instance=instance,
         tags={
             t.TAG_TASK: SPEC.key,
-            t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE,
             t.TAG_DUE: format_due(due),
             t.DAGSTER_MAX_RETRIES: "2",
             **tags,
@@ -115,7 +116,7 @@ def build_ledger(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[s
         refused = instance.get_run_by_id(refused_run)
         assert refused is not None and refused.tags.get(t.TAG_OUTCOME) == t.OUTCOME_REFUSED
     lost = ledger.ensure_entry(
-        task_key=SPEC.key, trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(d3), due=d3
+        task_key=SPEC.key, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(d3), due=d3
     )
     ledger.claim(lost.id, "run-killed", lease_ttl=timedelta(seconds=1), now=d3)
     done = subprocess.run(
@@ -206,7 +207,7 @@ def test_a_scrape_reports_the_ledger_and_a_restarted_server_the_same(env, monkey
     ok = {"status": "success", "failure_kind": "", "trigger": "schedule"}
     # d0, and d2 after its retry (whose entry keeps the failed attempt's kind: not counted).
     assert value(samples, entries_total, **task, **ok) == 2
-    assert entries[d2].failure_kind == t.FAILURE_ERROR
+    assert entries[d2].failure_kind == FailureKind.ERROR
     reclaimed = {"status": "failed", "failure_kind": "lease_reclaimed", "trigger": "schedule"}
     assert value(samples, entries_total, **task, **reclaimed) == 1  # d3
     failed = {"status": "failed", "failure_kind": "error", "trigger": "schedule"}

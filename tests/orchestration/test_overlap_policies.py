@@ -24,6 +24,7 @@ from policy_support import DUE, POLICY_DEFS, SLOT, World, policy_world
 from orchestration.services.hooks import Hooks
 from orchestration.services.manual import launch_manual
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import Refused
 from resources.ledger import RunLedger
 
@@ -56,10 +57,10 @@ def test_skip_records_every_run_that_finds_the_task_running_as_skipped(world: Wo
         world.start(run_id).join(timeout=60)
         assert world.outcome(run_id) == ("CANCELED", t.OUTCOME_SKIPPED)
         entry = world.entry_of(run_id)
-        assert entry.status == t.STATUS_SKIPPED
+        assert entry.status == Status.SKIPPED
         assert entry.error == f"overlap: entry {busy.id} running"
     triggers = sorted(world.entry_of(r).trigger for r in arrivals)
-    assert triggers == [t.TRIGGER_BACKFILL, t.TRIGGER_MANUAL, t.TRIGGER_SCHEDULE]
+    assert triggers == [Trigger.BACKFILL, Trigger.MANUAL, Trigger.SCHEDULE]
     # `dueledger launch` is refused naming the running entry; --queue waits its turn.
     with pytest.raises(Refused, match=f"running \\(entry {busy.id}"):
         launch_manual(
@@ -75,7 +76,7 @@ def test_skip_records_every_run_that_finds_the_task_running_as_skipped(world: Wo
         )
     world.release()
     first.join(timeout=60)
-    assert world.ledger.get(busy.id).status == t.STATUS_SUCCESS  # type: ignore[union-attr]
+    assert world.ledger.get(busy.id).status == Status.SUCCESS  # type: ignore[union-attr]
     assert world.effects() == [busy.id]  # nothing of the skipped runs ran
 
 
@@ -105,7 +106,7 @@ def test_a_queued_manual_launch_waits_for_its_turn(world: World) -> None:
     first.join(timeout=60)
     waiting.join(timeout=60)
     assert world.outcome(run_id) == ("SUCCESS", None)
-    assert world.ledger.get(result.entry_id).status == t.STATUS_SUCCESS  # type: ignore[union-attr]
+    assert world.ledger.get(result.entry_id).status == Status.SUCCESS  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("world", ["buffer_task"], indirect=True)
@@ -118,7 +119,7 @@ def test_buffer_one_runs_one_waiter_after_and_skips_the_rest(world: World) -> No
     third_run = world.ui_launch()
     world.start(third_run).join(timeout=60)
     waiting = world.ledger.find("buffer_task", _due_key(1))
-    assert waiting is not None and waiting.status == t.STATUS_QUEUED
+    assert waiting is not None and waiting.status == Status.QUEUED
     assert world.outcome(third_run) == ("CANCELED", t.OUTCOME_SKIPPED)
     assert world.entry_of(third_run).error == f"overlap: entry {waiting.id} already waiting"
     world.release()
@@ -138,8 +139,8 @@ def test_replace_ends_the_running_run_and_fences_its_side_effects(world: World) 
     new = world.start(new_run)
     world.wait_claimed(2)
     after = world.ledger.get(replaced.id)
-    assert after is not None and after.status == t.STATUS_FAILED
-    assert after.failure_kind == t.FAILURE_REPLACED
+    assert after is not None and after.status == Status.FAILED
+    assert after.failure_kind == FailureKind.REPLACED
     newer = world.entry_of(new_run)
     assert f"replaced by entry {newer.id} (run {new_run})" in (after.error or "")
     assert world.outcome(old_run)[1] == t.OUTCOME_REPLACED
@@ -148,7 +149,7 @@ def test_replace_ends_the_running_run_and_fences_its_side_effects(world: World) 
     new.join(timeout=60)
     # The old run woke up after the new one claimed: its effect was refused by the fence.
     assert world.effects() == [newer.id]
-    assert world.ledger.get(newer.id).status == t.STATUS_SUCCESS  # type: ignore[union-attr]
+    assert world.ledger.get(newer.id).status == Status.SUCCESS  # type: ignore[union-attr]
     rejections = (world.ledger.get(replaced.id) or after).summary["late_job_rejections"]
     assert any(r["action"] == "side_effect" for r in rejections)
 

@@ -45,6 +45,7 @@ from orchestration.services.task_plugins import (
 from orchestration.services.views import task_views
 from orchestration.tasks import TASKS
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.outcomes import Action, Reconciled
 from resources.core.registry import TaskSpecError, task_run_tags, validate_spec
 from resources.core.requests import EntryRequest
@@ -282,14 +283,14 @@ def test_launching_a_plugin_task_that_is_not_allowed_is_refused_naming_the_plugi
 
 def unsupported_alerts(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "dueledger.alerts"]
-    return [x for x in lines if x["alert"] == t.FAILURE_UNSUPPORTED_TASK]
+    return [x for x in lines if x["alert"] == FailureKind.UNSUPPORTED_TASK]
 
 
 def raised_alerts(done: list[Reconciled]) -> list[dict[str, Any]]:
     """The unsupported_task alerts the outcome sensor raises for these reconciliations (it
     sends them with the rest of its tick's alerts, ``alert_of``)."""
     alerts = [alert_of(item) for item in done]
-    return [fields for kind, fields in filter(None, alerts) if kind == t.FAILURE_UNSUPPORTED_TASK]
+    return [fields for kind, fields in filter(None, alerts) if kind == FailureKind.UNSUPPORTED_TASK]
 
 
 def test_a_retrying_entry_whose_plugin_is_gone_ends_unsupported_once_with_one_alert(
@@ -300,7 +301,7 @@ def test_a_retrying_entry_whose_plugin_is_gone_ends_unsupported_once_with_one_al
     caplog.set_level(logging.WARNING, logger="dueledger.alerts")
     tags = {
         t.TAG_TASK: "gone_task",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: DUE,
         t.TAG_SOURCE: "plugin:gone-plugin",
     }
@@ -312,7 +313,7 @@ def test_a_retrying_entry_whose_plugin_is_gone_ends_unsupported_once_with_one_al
         instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "true"})
         entry = ledger.ensure_entry(
             task_key="gone_task",
-            trigger=t.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key=f"due:{DUE}",
             max_attempts=3,
         )
@@ -323,7 +324,7 @@ def test_a_retrying_entry_whose_plugin_is_gone_ends_unsupported_once_with_one_al
         assert done.action is Action.UNSUPPORTED
         after = ledger.get(entry.id)
         assert after is not None
-        assert (after.status, after.failure_kind) == (t.STATUS_FAILED, t.FAILURE_UNSUPPORTED_TASK)
+        assert (after.status, after.failure_kind) == (Status.FAILED, FailureKind.UNSUPPORTED_TASK)
         assert "plugin:gone-plugin" in (after.error or "")
         (alert,) = raised_alerts([done])
         assert (alert["entry_id"], alert["source"]) == (entry.id, "plugin:gone-plugin")
@@ -338,13 +339,13 @@ def test_the_failure_that_left_an_entry_retrying_ends_it_for_the_retry_dagster_q
     # The outcome sensor meets the failed run itself after the plugin is gone (it was not
     # evaluated in between): the entry ends for the queued retry, which can never start.
     caplog.set_level(logging.WARNING, logger="dueledger.alerts")
-    tags = {t.TAG_TASK: "gone_task", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
+    tags = {t.TAG_TASK: "gone_task", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE}
     job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="gone_task_job")
     views = task_views()
     with dg.instance_for_test(overrides={"run_retries": {"enabled": True}}) as instance:
         failed = instance.create_run_for_job(job, tags={**tags, t.DAGSTER_MAX_RETRIES: "2"})
         entry = ledger.ensure_entry(
-            task_key="gone_task", trigger=t.TRIGGER_SCHEDULE, dedup_key=f"due:{DUE}", max_attempts=3
+            task_key="gone_task", trigger=Trigger.SCHEDULE, dedup_key=f"due:{DUE}", max_attempts=3
         )
         assert ledger.claim(entry.id, failed.run_id, lease_ttl=timedelta(minutes=2)).claimed
         ledger.fail(entry.id, failed.run_id, error="ValueError: bad")
@@ -362,7 +363,7 @@ def test_the_failure_that_left_an_entry_retrying_ends_it_for_the_retry_dagster_q
         assert [d.action for d in done] == [Action.UNSUPPORTED]
         after = ledger.get(entry.id)
         assert after is not None
-        assert (after.status, after.failure_kind) == (t.STATUS_FAILED, t.FAILURE_UNSUPPORTED_TASK)
+        assert (after.status, after.failure_kind) == (Status.FAILED, FailureKind.UNSUPPORTED_TASK)
         assert list(after.run_ids) == [failed.run_id, retry.run_id]
         # The retry then fails when Dagster dequeues it: nothing more happens.
         instance.report_run_failed(retry)
@@ -376,11 +377,11 @@ def test_a_queued_entry_whose_run_failed_before_starting_ends_unsupported_once(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="dueledger.alerts")
     request = EntryRequest(
-        "gone_task", t.TRIGGER_MANUAL, dedup_key_for_request("r1"), operator="alice", reason="x"
+        "gone_task", Trigger.MANUAL, dedup_key_for_request("r1"), operator="alice", reason="x"
     )
     entry = ledger.ensure_entry(
         task_key="gone_task",
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=request.dedup_key,
         max_attempts=3,
         operator="alice",
@@ -402,7 +403,7 @@ def test_runs_retry_of_an_entry_whose_plugin_is_gone_is_refused_naming_the_plugi
     monkeypatch.setenv("DUELEDGER_DATABASE_URL", sqlite_url)
     tags = {
         t.TAG_TASK: "gone_task",
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: DUE,
         t.TAG_SOURCE: "plugin:gone-plugin",
     }
@@ -410,7 +411,7 @@ def test_runs_retry_of_an_entry_whose_plugin_is_gone_is_refused_naming_the_plugi
     with dg.instance_for_test() as instance:  # the CLI's instance: $DAGSTER_HOME
         run = instance.create_run_for_job(job, tags=tags)
         entry = ledger.ensure_entry(
-            task_key="gone_task", trigger=t.TRIGGER_SCHEDULE, dedup_key=f"due:{DUE}", max_attempts=1
+            task_key="gone_task", trigger=Trigger.SCHEDULE, dedup_key=f"due:{DUE}", max_attempts=1
         )
         assert ledger.claim(entry.id, run.run_id, lease_ttl=timedelta(minutes=2)).claimed
         failed = ledger.fail(entry.id, run.run_id, error="ValueError: bad")

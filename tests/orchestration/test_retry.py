@@ -25,6 +25,7 @@ import pytest
 from orchestration.services.launch import LaunchFailed, retry_run_id
 from orchestration.services.retry import RetryResult, record_retry, retry_entry
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import Operators, load_operators, parse_operators
 from resources.core.plans import EverySlots
@@ -76,7 +77,7 @@ TEAM = parse_operators(
 def _entry(ledger: RunLedger, task: str = TASK, due: datetime = DUE) -> Entry:
     return ledger.ensure_entry(
         task_key=task,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         max_attempts=1,
         now=due,
@@ -101,7 +102,7 @@ def running(ledger: RunLedger, task: str = TASK) -> Entry:
 
 def retrying(ledger: RunLedger, task: str = TASK) -> Entry:
     entry = ledger.ensure_entry(
-        task_key=task, trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(DUE), now=DUE
+        task_key=task, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(DUE), now=DUE
     )
     assert ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=RAN).claimed
     ledger.fail(entry.id, "run-1", error="boom", now=RAN)
@@ -182,18 +183,18 @@ def test_a_failed_entry_gets_one_child_a_stamp_and_an_audit_record(ledger: RunLe
 
     child = record.child
     assert (child.trigger, child.origin, child.dedup_key) == (
-        t.TRIGGER_MANUAL_RETRY,
+        Trigger.MANUAL_RETRY,
         "retry",
         f"retry:{parent.id}",
     )
-    assert (child.parent_id, child.status, child.due) == (parent.id, t.STATUS_QUEUED, DUE)
+    assert (child.parent_id, child.status, child.due) == (parent.id, Status.QUEUED, DUE)
     assert (child.operator, child.reason) == ("alice", "upstream fixed at 07:10")
     assert child.max_attempts == 2  # from the registry as it is now, not the parent's 1
 
     after = _get(ledger, parent)
     # The parent keeps its status and error, and says who retried it and when.
     assert (after.status, after.failure_kind, after.error) == (
-        t.STATUS_FAILED,
+        Status.FAILED,
         "error",
         "upstream file missing",
     )
@@ -247,7 +248,7 @@ def test_a_failed_child_can_itself_be_retried_once(ledger: RunLedger) -> None:
     for _ in range(child.max_attempts):
         ledger.fail(child.id, "run-2", error="still broken")
         ledger.claim(child.id, "run-2", lease_ttl=TTL)
-    assert _get(ledger, child).status == t.STATUS_FAILED
+    assert _get(ledger, child).status == Status.FAILED
     grandchild = retry(ledger, _get(ledger, child)).child
     assert grandchild.parent_id == child.id and grandchild.dedup_key == f"retry:{child.id}"
 
@@ -492,7 +493,7 @@ def test_the_retry_re_executes_the_parents_last_run_with_dueledger_tags(
     assert (kind, parent_run) == ("reexecute", run_id)
     assert tags == {
         t.TAG_TASK: TASK,
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
         t.TAG_PARENT_ENTRY: str(parent.id),
         t.TAG_OPERATOR: "alice",
         t.TAG_REASON: "upstream fixed",
@@ -536,7 +537,7 @@ def test_without_a_dagster_run_to_re_execute_a_new_linked_run_is_launched(
     assert (
         tags[t.DAGSTER_PARENT_RUN_ID] == tags[t.DAGSTER_ROOT_RUN_ID] == "run-deleted-from-dagster"
     )
-    assert tags[t.TAG_TRIGGER] == t.TRIGGER_MANUAL_RETRY
+    assert tags[t.TAG_TRIGGER] == Trigger.MANUAL_RETRY
     assert result.method == LAUNCH_NEW_RUN
 
 
@@ -591,7 +592,7 @@ def test_a_failed_launch_leaves_the_child_dispatch_failed_and_says_what_next(
     with pytest.raises(LaunchFailed, match=rf"repeat `dueledger runs retry {parent.id}`"):
         retry_by(ledger, parent, instance, RecordingLauncher(fail="code server unreachable"))
     [child] = ledger.children(parent.id)
-    assert (child.status, child.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
+    assert (child.status, child.failure_kind) == (Status.DISPATCH_FAILED, FailureKind.DISPATCH)
     assert [a["outcome"].split(":")[0] for a in ledger.audit_for(parent.id)] == [
         "allowed",
         "dispatch_failed",
@@ -621,7 +622,7 @@ def test_repeating_a_retry_whose_launch_failed_re_dispatches_the_same_child(
     assert result.record.child.id == child.id
     assert ledger.children(parent.id) == [ledger.get(child.id)]
     after = ledger.get(child.id)
-    assert after is not None and (after.status, after.attempt) == (t.STATUS_QUEUED, 0)
+    assert after is not None and (after.status, after.attempt) == (Status.QUEUED, 0)
     errors = [f["error"] for f in after.summary["dispatch_failures"]]
     assert len(errors) == 2 and "still unreachable" in errors[-1]
     # The run carries the retry as recorded (alice's), the audit names who re-dispatched.
@@ -659,13 +660,13 @@ def test_re_dispatching_a_retry_child_still_needs_the_retrier_role(
         )
     assert launcher.calls == []
     [child] = ledger.children(parent.id)
-    assert child.status == t.STATUS_DISPATCH_FAILED
+    assert child.status == Status.DISPATCH_FAILED
 
 
 def test_a_manual_parent_has_no_due_tag(ledger: RunLedger, instance: dg.DagsterInstance) -> None:
     entry = ledger.ensure_entry(
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request("req-1"),
         max_attempts=1,
     )

@@ -20,6 +20,7 @@ from dagster_internals import (
 )
 
 from resources.core import tags as t
+from resources.core.entry import Trigger
 
 pytestmark = pytest.mark.daemon
 
@@ -53,7 +54,7 @@ def test_the_same_due_evaluated_twice_creates_one_run(instance):
     runs = _task_runs(instance)
     assert [r.tags[t.DAGSTER_RUN_KEY] for r in runs] == ["2026-11-30T22:45:00Z"]
     assert runs[0].tags[t.TAG_DUE] == "2026-11-30T22:45:00Z"
-    assert runs[0].tags[t.TAG_TRIGGER] == t.TRIGGER_SCHEDULE
+    assert runs[0].tags[t.TAG_TRIGGER] == Trigger.SCHEDULE
 
 
 def test_the_next_due_creates_a_second_run(instance):
@@ -109,8 +110,8 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
         ledger=ledger,
         hooks=Hooks.from_environment(),
     )
-    scheduled = _task_runs(instance, **{t.TAG_TRIGGER: t.TRIGGER_SCHEDULE})
-    manual = _task_runs(instance, **{t.TAG_TRIGGER: t.TRIGGER_MANUAL})
+    scheduled = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.SCHEDULE})
+    manual = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.MANUAL})
     assert len(scheduled) == 1 and len(manual) == 1
     assert manual[0].run_id == result.run_id == again.run_id
     assert again.existing and not result.existing

@@ -7,6 +7,7 @@ import pytest
 
 from orchestration.definitions import defs
 from resources.core import tags as t
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger
 
 SCHEDULES = sorted(s.name for s in defs.schedules or [])
@@ -57,7 +58,7 @@ def test_run_key_equals_the_due_tag_and_the_slot_start(name, instance):
     (request,) = _evaluate(name, MIDNIGHT, instance).run_requests
     assert request.run_key == "2026-12-01T00:00:00Z"
     assert request.tags[t.TAG_DUE] == request.run_key
-    assert request.tags[t.TAG_TRIGGER] == t.TRIGGER_SCHEDULE
+    assert request.tags[t.TAG_TRIGGER] == Trigger.SCHEDULE
     assert request.tags[t.TAG_TASK] == name.removesuffix("_schedule")
 
 

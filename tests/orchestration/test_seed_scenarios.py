@@ -18,6 +18,7 @@ from run_support import refused, scheduled
 from assets import automation
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Status, Trigger
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.source_store import SourceStore, create_schema, make_engine
 
@@ -26,7 +27,7 @@ order_cleanup = build(automation.order_cleanup)
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 SCHEDULED = scheduled(
-    {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: format_due(DUE)}
+    {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
 )
 
 
@@ -84,7 +85,7 @@ def test_a_the_same_run_request_submitted_twice_executes_once(world):
     assert first.success and refused(world[0], second.run_id)
     assert len(effects(engine)) == 3  # three orders cancelled once, not six
     entry = ledger.find("order_cleanup", dedup_key_for_due(DUE))
-    assert entry is not None and entry.status == t.STATUS_SUCCESS
+    assert entry is not None and entry.status == Status.SUCCESS
     assert entry.run_ids == (first.run_id,)
     assert [r["run_id"] for r in entry.summary["late_job_rejections"]] == [second.run_id]
 
@@ -102,7 +103,7 @@ def test_b_a_due_fired_again_while_the_first_run_still_holds_it_is_rejected_and_
     assert second.asset_materializations_for_node("order_cleanup") == []
     assert effects(engine).empty  # the duplicate did no side effect
     after = ledger.get(entry.id)
-    assert after is not None and after.status == t.STATUS_RUNNING
+    assert after is not None and after.status == Status.RUNNING
     assert after.lease_owner == "first-run"  # the first run keeps its lease
     (rejection,) = after.summary["late_job_rejections"]
     assert rejection["run_id"] == second.run_id and "running" in rejection["reason"]
@@ -112,7 +113,7 @@ def test_c_a_due_and_a_manual_launch_in_the_same_second_both_execute(world):
     _, ledger, _, _ = world
     manual_tags = {
         t.TAG_TASK: "order_cleanup",
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL,
         t.TAG_REQUEST_ID: "run-now-1",
         t.TAG_OPERATOR: "ops",
         t.TAG_REASON: "customer asked",
@@ -123,7 +124,7 @@ def test_c_a_due_and_a_manual_launch_in_the_same_second_both_execute(world):
     manual_entry = ledger.find("order_cleanup", dedup_key_for_request("run-now-1"))
     assert due_entry is not None and manual_entry is not None
     assert due_entry.id != manual_entry.id
-    assert (due_entry.status, manual_entry.status) == (t.STATUS_SUCCESS, t.STATUS_SUCCESS)
+    assert (due_entry.status, manual_entry.status) == (Status.SUCCESS, Status.SUCCESS)
     # Neither was swallowed: both materialized (the manual one found nothing left to cancel).
     assert len(scheduled.asset_materializations_for_node("order_cleanup")) == 1
     assert len(manual.asset_materializations_for_node("order_cleanup")) == 1

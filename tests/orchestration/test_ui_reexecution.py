@@ -30,7 +30,7 @@ from orchestration.services.launch import (
 from orchestration.services.retry import retry_entry
 from resources.core import tags as t
 from resources.core.due import parse_due
-from resources.core.entries import ACTION_RUN_REFUSED
+from resources.core.entry import ACTION_RUN_REFUSED, Status, Trigger
 from resources.core.operators import UI_OPERATOR, load_operators
 from resources.core.retry_rules import (
     ACTION_MANUAL_RETRY,
@@ -80,7 +80,7 @@ class Harness:
         included (the scheduler daemon adds it); executes synchronously."""
         all_tags = {
             t.TAG_TASK: task,
-            t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE,
             t.TAG_DUE: DUE,
             t.DAGSTER_SCHEDULE_NAME: f"{task}_schedule",
         }
@@ -169,7 +169,7 @@ def _failed_scheduled_run(h: Harness, task: str = UI_TASK) -> tuple[str, Entry]:
     h.failing(False)
     assert h.run(run_id).status == dg.DagsterRunStatus.FAILURE
     entry = h.scheduled_entry(task)
-    assert entry.status == t.STATUS_FAILED
+    assert entry.status == Status.FAILED
     return run_id, entry
 
 
@@ -195,16 +195,16 @@ def test_re_executing_a_failed_run_is_a_manual_retry_by_dagster_ui(harness: Harn
     assert run.status == dg.DagsterRunStatus.SUCCESS
     child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
     assert (child.trigger, child.parent_id, child.operator) == (
-        t.TRIGGER_MANUAL_RETRY,
+        Trigger.MANUAL_RETRY,
         parent.id,
         UI_OPERATOR,
     )
-    assert child.status == t.STATUS_SUCCESS and child.run_ids == (rerun,)
+    assert child.status == Status.SUCCESS and child.run_ids == (rerun,)
     assert rerun in (child.reason or "") and first in (child.reason or "")
     assert h.effects() == [(UI_TASK, first, parent.id), (UI_TASK, rerun, child.id)]
     after = h.ledger.get(parent.id)
     assert after is not None
-    assert (after.status, after.error) == (t.STATUS_FAILED, parent.error)  # keeps its error
+    assert (after.status, after.error) == (Status.FAILED, parent.error)  # keeps its error
     assert after.manual_retry_by == UI_OPERATOR
     [audit] = _ui_audit(h, parent)
     assert audit["outcome"].startswith(f"allowed: created child entry {child.id}")
@@ -212,7 +212,7 @@ def test_re_executing_a_failed_run_is_a_manual_retry_by_dagster_ui(harness: Harn
     assert all(c["passed"] for c in audit["checks"])
     # Dagster's lineage, and dueledger's tags added at claim time for the UI to show.
     assert (run.parent_run_id, run.root_run_id) == (first, first)
-    assert run.tags[t.TAG_TRIGGER] == t.TRIGGER_MANUAL_RETRY
+    assert run.tags[t.TAG_TRIGGER] == Trigger.MANUAL_RETRY
     assert run.tags[t.TAG_PARENT_ENTRY] == str(parent.id)
     assert run.tags[t.TAG_OPERATOR] == UI_OPERATOR
 
@@ -224,12 +224,12 @@ def test_re_executing_a_failed_retry_run_retries_the_child(harness: Harness) -> 
     second = h.reexecute(first)
     h.failing(False)
     child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
-    assert child.status == t.STATUS_FAILED
+    assert child.status == Status.FAILED
 
     third = h.reexecute(second)  # the parent run is the child's run now
 
     grandchild = h.entry(UI_TASK, dedup_key_for_retry(child.id))
-    assert grandchild.parent_id == child.id and grandchild.status == t.STATUS_SUCCESS
+    assert grandchild.parent_id == child.id and grandchild.status == Status.SUCCESS
     assert h.effects()[-1] == (UI_TASK, third, grandchild.id)
     assert (h.run(third).parent_run_id, h.run(third).root_run_id) == (second, first)
 
@@ -248,7 +248,7 @@ def test_a_parent_run_that_never_reached_the_ledger_gets_its_first_attempt(
     rerun = h.reexecute(first)
 
     entry = h.scheduled_entry()
-    assert entry.status == t.STATUS_SUCCESS and entry.run_ids == (rerun,)
+    assert entry.status == Status.SUCCESS and entry.run_ids == (rerun,)
     assert h.effects() == [(UI_TASK, rerun, entry.id)]
     [audit] = _audit_without_entry(h)
     assert audit["action"] == ACTION_UI_REEXECUTION and audit["operator"] == UI_OPERATOR
@@ -398,7 +398,7 @@ def test_a_run_launched_by_runs_retry_claims_the_child_the_cli_created(harness: 
 
     child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
     assert result.record.child.id == child.id
-    assert child.status == t.STATUS_SUCCESS and child.run_ids == (result.run_id,)
+    assert child.status == Status.SUCCESS and child.run_ids == (result.run_id,)
     assert child.operator == "alice"
     run = h.run(result.run_id)
     assert (run.parent_run_id, run.root_run_id) == (first, first)
@@ -413,7 +413,7 @@ def test_a_run_merely_tagged_as_a_retry_claims_nothing(harness: Harness) -> None
     _, parent = _failed_scheduled_run(h)
     effects_before = h.effects()
     forged = {
-        t.TAG_TRIGGER: t.TRIGGER_MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
         t.TAG_PARENT_ENTRY: str(parent.id),
         t.TAG_OPERATOR: "mallory",
     }
@@ -454,9 +454,9 @@ def test_a_launchpad_run_without_dueledger_tags_is_a_manual_launch_by_dagster_ui
     assert t.TAG_TASK not in run.tags  # what Dagster recorded: the job, not our tags
     entry = h.entry(UI_TASK, f"manual:{run_id}")
     assert (entry.trigger, entry.operator, entry.status) == (
-        t.TRIGGER_MANUAL,
+        Trigger.MANUAL,
         UI_OPERATOR,
-        t.STATUS_SUCCESS,
+        Status.SUCCESS,
     )
     assert entry.run_ids == (run_id,)
     assert h.effects() == [(UI_TASK, run_id, entry.id)]
@@ -482,7 +482,7 @@ def test_a_ui_launch_that_fails_is_a_failed_entry_the_summary_counts(harness: Ha
 
     assert h.run(run_id).status == dg.DagsterRunStatus.FAILURE
     entry = h.entry(UI_TASK, f"manual:{run_id}")
-    assert (entry.status, entry.operator) == (t.STATUS_FAILED, UI_OPERATOR)
+    assert (entry.status, entry.operator) == (Status.FAILED, UI_OPERATOR)
     assert h.ledger.summary_counts()["failed_window"] == 1
 
 
@@ -499,7 +499,7 @@ def test_re_executing_a_failed_ui_launch_is_a_manual_retry_and_is_refused_the_se
     again = h.reexecute(first)
 
     child = h.entry(UI_TASK, dedup_key_for_retry(parent.id))
-    assert (child.status, child.parent_id, child.run_ids) == (t.STATUS_SUCCESS, parent.id, (rerun,))
+    assert (child.status, child.parent_id, child.run_ids) == (Status.SUCCESS, parent.id, (rerun,))
     assert h.run(rerun).tags[t.TAG_ENTRY] == str(child.id)
     # Not a silent green: the run ended CANCELED, tagged refused (the Runs list shows it), and
     # nothing counts it as a failure.
@@ -529,7 +529,7 @@ def test_a_catalog_materialize_runs_the_implicit_asset_job_and_is_attributed_by_
     run = h.run(run_id)
     assert run.status == dg.DagsterRunStatus.SUCCESS, run.tags
     entry = h.entry(UI_TASK, f"manual:{run_id}")
-    assert (entry.status, entry.operator) == (t.STATUS_SUCCESS, UI_OPERATOR)
+    assert (entry.status, entry.operator) == (Status.SUCCESS, UI_OPERATOR)
 
 
 # --- issue 23: every rule on the UI path, and what a person sees -------------------------------
@@ -563,7 +563,7 @@ def test_a_launchpad_run_of_a_task_that_is_not_manually_triggerable_is_refused_v
 
 def test_hand_typed_schedule_tags_do_not_make_a_launchpad_run_scheduled(harness: Harness) -> None:
     h = harness
-    typed = {t.TAG_TASK: LOCKED_TASK, t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: DUE}
+    typed = {t.TAG_TASK: LOCKED_TASK, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE}
 
     run_id = h._launch_run(f"{LOCKED_TASK}_job", typed)
 
@@ -582,13 +582,13 @@ def test_a_failed_ui_launch_no_retry_will_follow_is_failed_at_once_and_re_execut
     first = h.launch_from_ui(PATIENT_TASK)
     h.failing(False)
     parent = h.entry(PATIENT_TASK, f"manual:{first}")
-    assert (parent.status, parent.attempt, parent.max_attempts) == (t.STATUS_FAILED, 1, 3)
+    assert (parent.status, parent.attempt, parent.max_attempts) == (Status.FAILED, 1, 3)
 
     rerun = h.reexecute(first)  # at once: no sensor needed to settle anything first
     again = h.reexecute(first)
 
     child = h.entry(PATIENT_TASK, dedup_key_for_retry(parent.id))
-    assert (child.status, child.parent_id) == (t.STATUS_SUCCESS, parent.id)
+    assert (child.status, child.parent_id) == (Status.SUCCESS, parent.id)
     assert refused(h.instance, again)
     # The parent's lineage filter lists every run that followed it, the refused one too.
     lineage = h.instance.get_runs(dg.RunsFilter(tags={t.TAG_LINEAGE: str(parent.id)}))
@@ -604,4 +604,4 @@ def test_a_failed_scheduled_run_whose_retry_will_come_waits_retrying(harness: Ha
     h.failing(False)
 
     entry = h.scheduled_entry(PATIENT_TASK)
-    assert (entry.status, entry.run_ids) == (t.STATUS_RETRYING, (run_id,))
+    assert (entry.status, entry.run_ids) == (Status.RETRYING, (run_id,))

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from resources.core import rules, tags
+from resources.core import rules
+from resources.core.entry import FailureKind, Trigger
 from resources.core.fence import Fence, FenceLost
 from resources.effects import effect_transaction, verify_fence
 from resources.ledger import RunLedger, dedup_key_for_due
@@ -56,7 +57,7 @@ def source(
 def claimed(ledger: RunLedger, run_id: str = OWNER) -> Fence:
     entry = ledger.ensure_entry(
         task_key="order_cleanup",
-        trigger=tags.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(DUE),
         now=DUE,
     )
@@ -91,7 +92,7 @@ def test_every_claim_gets_a_new_token_and_a_reentrant_claim_keeps_it(ledger: Run
 
 def test_the_claim_rule_and_the_store_agree_on_the_token(ledger: RunLedger) -> None:
     entry = ledger.ensure_entry(
-        task_key="order_cleanup", trigger=tags.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(DUE)
+        task_key="order_cleanup", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(DUE)
     )
     decision = rules.claim(entry, OWNER, now=CLAIMED_AT, lease_ttl=TTL)
     stored = ledger.claim(entry.id, OWNER, lease_ttl=TTL, now=CLAIMED_AT).entry
@@ -256,4 +257,4 @@ def test_in_the_shared_database_a_reclaim_waits_for_a_checked_effect_to_commit(
     assert guard.shares_database_with(engine)
     assert order == ["effect committed", "reclaimed"]
     entry = ledger.get(fence.entry_id)
-    assert entry is not None and entry.failure_kind == tags.FAILURE_LEASE_RECLAIMED
+    assert entry is not None and entry.failure_kind == FailureKind.LEASE_RECLAIMED

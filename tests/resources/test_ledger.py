@@ -22,8 +22,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from contract import ENTRY_KEYS
 
-from resources.core import tags
 from resources.core.due import format_due
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import (
     MAX_ERROR_CHARS,
     MIGRATIONS_DIR,
@@ -57,7 +57,7 @@ OTHER = "run-b"
 def new_entry(ledger: RunLedger, *, max_attempts: int = 3, due: datetime = DUE) -> Entry:
     return ledger.ensure_entry(
         task_key=TASK,
-        trigger=tags.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         max_attempts=max_attempts,
         now=due,
@@ -126,12 +126,12 @@ def start_dispatch_failed(ledger: RunLedger, due: datetime = DUE) -> Entry:
 
 
 STARTS: dict[str, Callable[..., Entry]] = {
-    tags.STATUS_QUEUED: start_queued,
-    tags.STATUS_RUNNING: start_running,
-    tags.STATUS_RETRYING: start_retrying,
-    tags.STATUS_SUCCESS: start_success,
-    tags.STATUS_FAILED: start_failed,
-    tags.STATUS_DISPATCH_FAILED: start_dispatch_failed,
+    Status.QUEUED: start_queued,
+    Status.RUNNING: start_running,
+    Status.RETRYING: start_retrying,
+    Status.SUCCESS: start_success,
+    Status.FAILED: start_failed,
+    Status.DISPATCH_FAILED: start_dispatch_failed,
 }
 
 
@@ -171,7 +171,7 @@ def op_fail(run: str) -> Callable[[RunLedger, Entry], Any]:
 
 def op_dispatch_failure(ledger: RunLedger, entry: Entry) -> Any:
     after = ledger.record_dispatch_failure(entry.id, error="launch refused", now=JUST_AFTER_DUE)
-    return after.status == tags.STATUS_DISPATCH_FAILED
+    return after.status == Status.DISPATCH_FAILED
 
 
 def op_redispatch(ledger: RunLedger, entry: Entry) -> Any:
@@ -207,12 +207,12 @@ RECORDS_REJECTION = {
 }
 
 Q, RUN, RETRY, OK, FAIL, DF = (
-    tags.STATUS_QUEUED,
-    tags.STATUS_RUNNING,
-    tags.STATUS_RETRYING,
-    tags.STATUS_SUCCESS,
-    tags.STATUS_FAILED,
-    tags.STATUS_DISPATCH_FAILED,
+    Status.QUEUED,
+    Status.RUNNING,
+    Status.RETRYING,
+    Status.SUCCESS,
+    Status.FAILED,
+    Status.DISPATCH_FAILED,
 )
 
 
@@ -345,7 +345,7 @@ def test_attempts_exhausted_after_max_attempts_failures(ledger: RunLedger) -> No
         after = ledger.fail(entry.id, run, error=f"boom {attempt}", now=JUST_AFTER_DUE)
         assert (after.status, after.attempt) == (expected, attempt)
     assert after == fresh(ledger, entry)
-    assert after.failure_kind == tags.FAILURE_ERROR
+    assert after.failure_kind == FailureKind.ERROR
     assert after.error == "boom 2"
     assert after.finished_at == JUST_AFTER_DUE
     assert after.run_ids == ("run-1", "run-2")
@@ -359,12 +359,12 @@ def test_an_unsupported_task_fails_for_good_with_attempts_left(ledger: RunLedger
     entry = new_entry(ledger, max_attempts=3)
     assert ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=JUST_AFTER_DUE).claimed
     after = ledger.fail(
-        entry.id, "run-1", error="gone", kind=tags.FAILURE_UNSUPPORTED_TASK, now=JUST_AFTER_DUE
+        entry.id, "run-1", error="gone", kind=FailureKind.UNSUPPORTED_TASK, now=JUST_AFTER_DUE
     )
     assert (after.status, after.attempt, after.failure_kind) == (
         FAIL,
         1,
-        tags.FAILURE_UNSUPPORTED_TASK,
+        FailureKind.UNSUPPORTED_TASK,
     )
     assert after.finished_at == JUST_AFTER_DUE
 
@@ -420,7 +420,7 @@ def test_dispatch_failures_keep_newest_five_and_redispatch_resets_attempt(
         after = ledger.record_dispatch_failure(
             entry.id, error=f"launcher error {i}", run_id=f"lost-{i}", now=NEXT_DAY
         )
-        assert after.status == DF and after.failure_kind == tags.FAILURE_DISPATCH
+        assert after.status == DF and after.failure_kind == FailureKind.DISPATCH
     failures = after.summary["dispatch_failures"]
     assert [f["error"] for f in failures] == [f"launcher error {i}" for i in range(2, 7)]
     assert failures[-1] == {
@@ -457,7 +457,7 @@ def test_reclaim_fails_expired_leases_and_says_how_long_overdue(ledger: RunLedge
     [reclaimed] = ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE)
     assert reclaimed.id == entry.id
     assert reclaimed.status == FAIL
-    assert reclaimed.failure_kind == tags.FAILURE_LEASE_RECLAIMED
+    assert reclaimed.failure_kind == FailureKind.LEASE_RECLAIMED
     assert reclaimed.lease_owner is None and reclaimed.lease_expires_at is None
     assert reclaimed.attempt == 1
     assert reclaimed.error is not None
@@ -568,7 +568,7 @@ def test_works_as_a_dagster_resource_without_io_at_definition(ledger_url: str) -
     @dg.asset
     def claims_its_entry(ledger: RunLedger) -> int:
         entry = ledger.ensure_entry(
-            task_key=TASK, trigger=tags.TRIGGER_MANUAL, dedup_key="manual:from-an-asset"
+            task_key=TASK, trigger=Trigger.MANUAL, dedup_key="manual:from-an-asset"
         )
         assert ledger.claim(entry.id, "dagster-run", lease_ttl=TTL).claimed
         assert ledger.succeed(entry.id, "dagster-run")
@@ -595,7 +595,7 @@ def test_ensure_entry_is_insert_or_ignore(ledger: RunLedger) -> None:
     first = new_entry(ledger)
     again = ledger.ensure_entry(
         task_key=TASK,
-        trigger=tags.TRIGGER_SENSOR,
+        trigger=Trigger.SENSOR,
         dedup_key=dedup_key_for_due(DUE),
         max_attempts=9,
         now=NEXT_DAY,
@@ -608,7 +608,7 @@ def test_manual_and_scheduled_keys_never_collide(ledger: RunLedger) -> None:
     scheduled = new_entry(ledger)
     manual = ledger.ensure_entry(
         task_key=TASK,
-        trigger=tags.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request("2026-11-30T22:45:00Z"),
         operator="alice",
         reason="customer asked",
@@ -617,21 +617,21 @@ def test_manual_and_scheduled_keys_never_collide(ledger: RunLedger) -> None:
     assert manual.id != scheduled.id
     assert (manual.origin, manual.due, manual.operator) == ("manual", None, "alice")
     other_task = ledger.ensure_entry(
-        task_key="other_task", trigger=tags.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(DUE)
+        task_key="other_task", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(DUE)
     )
     assert other_task.id not in (manual.id, scheduled.id)
 
 
 def test_due_key_carries_the_due(ledger: RunLedger) -> None:
     entry = ledger.ensure_entry(
-        task_key=TASK, trigger=tags.TRIGGER_SCHEDULE, dedup_key="due:2026-11-30T22:45:00Z"
+        task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key="due:2026-11-30T22:45:00Z"
     )
     assert entry.due == DUE
     assert entry.to_json()["due"] == "2026-11-30T22:45:00Z"
     with pytest.raises(ValueError, match="does not match dedup_key"):
         ledger.ensure_entry(
             task_key=TASK,
-            trigger=tags.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key="due:2026-11-30T22:45:00Z",
             due=DUE + timedelta(minutes=15),
         )
@@ -653,7 +653,7 @@ def test_ids_are_never_reused_and_parent_must_exist(ledger: RunLedger) -> None:
     parent = start_failed(ledger)
     child = ledger.ensure_entry(
         task_key=TASK,
-        trigger=tags.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(parent.id),
         parent_id=parent.id,
         operator="alice",
@@ -664,7 +664,7 @@ def test_ids_are_never_reused_and_parent_must_exist(ledger: RunLedger) -> None:
     with pytest.raises(ValueError, match="parent_id 999999 is not an existing ledger entry"):
         ledger.ensure_entry(
             task_key=TASK,
-            trigger=tags.TRIGGER_MANUAL_RETRY,
+            trigger=Trigger.MANUAL_RETRY,
             dedup_key=dedup_key_for_retry(999_999),
             parent_id=999_999,
         )
@@ -696,7 +696,7 @@ def manual_retry(
             return None
         child = ledger.ensure_entry(
             task_key=parent.task_key,
-            trigger=tags.TRIGGER_MANUAL_RETRY,
+            trigger=Trigger.MANUAL_RETRY,
             dedup_key=dedup_key_for_retry(parent.id),
             parent_id=parent.id,
             operator=operator,

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from resources.core import tags
+from resources.core.entry import Status, Trigger
 from resources.ledger import MIGRATIONS_DIR, RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.ledger.schema import VERSION_TABLE, entries
 
@@ -57,7 +57,7 @@ def _ensure_worker(url: str, key: str, barrier: Any) -> int:
     ledger = RunLedger(database_url=url)
     ledger.find("race_task", key)
     barrier.wait(TIMEOUT_S)
-    entry = ledger.ensure_entry(task_key="race_task", trigger=tags.TRIGGER_MANUAL, dedup_key=key)
+    entry = ledger.ensure_entry(task_key="race_task", trigger=Trigger.MANUAL, dedup_key=key)
     ledger.dispose()
     return entry.id
 
@@ -154,7 +154,7 @@ def test_racing_claims_have_exactly_one_winner(ledger_url: str, workers: Workers
     ledger = RunLedger(database_url=ledger_url)
     ledger.migrate()
     entry = ledger.ensure_entry(
-        task_key="race_task", trigger=tags.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(DUE)
+        task_key="race_task", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(DUE)
     )
     outcomes = workers.race(
         _claim_worker, [(ledger_url, entry.id, f"run-{i}") for i in range(PROCESSES)]
@@ -170,7 +170,7 @@ def test_racing_claims_have_exactly_one_winner(ledger_url: str, workers: Workers
 
     after = ledger.get(entry.id)
     assert after is not None
-    assert after.status == tags.STATUS_RUNNING
+    assert after.status == Status.RUNNING
     assert after.attempt == 1
     assert after.run_ids == (winners[0],)
     assert after.lease_owner == winners[0]
@@ -199,7 +199,7 @@ def test_concurrent_summary_updates_are_never_lost(ledger_url: str, workers: Wor
     ledger = RunLedger(database_url=ledger_url)
     ledger.migrate()
     entry = ledger.ensure_entry(
-        task_key="race_task", trigger=tags.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(DUE)
+        task_key="race_task", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(DUE)
     )
     workers.race(_hook_worker, [(ledger_url, entry.id, w) for w in range(PROCESSES)])
     after = ledger.get(entry.id)
@@ -227,7 +227,7 @@ def test_many_workers_racing_over_many_entries_never_double_claim(
     ids = [
         ledger.ensure_entry(
             task_key="race_task",
-            trigger=tags.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key=dedup_key_for_due(DUE + timedelta(minutes=15 * k)),
         ).id
         for k in range(40)
@@ -242,7 +242,7 @@ def test_many_workers_racing_over_many_entries_never_double_claim(
     for entry_id in ids:
         after = ledger.get(entry_id)
         assert after is not None
-        assert (after.status, after.attempt, len(after.run_ids)) == (tags.STATUS_SUCCESS, 1, 1)
+        assert (after.status, after.attempt, len(after.run_ids)) == (Status.SUCCESS, 1, 1)
     ledger.dispose()
 
 
@@ -259,7 +259,7 @@ def test_heartbeat_racing_reclaim_has_exactly_one_winner(ledger_url: str, worker
     for k in range(4):
         entry = ledger.ensure_entry(
             task_key="race_task",
-            trigger=tags.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key=dedup_key_for_due(DUE + timedelta(minutes=15 * k)),
         )
         assert ledger.claim(entry.id, "owner", lease_ttl=TTL, now=start).claimed
@@ -271,6 +271,6 @@ def test_heartbeat_racing_reclaim_has_exactly_one_winner(ledger_url: str, worker
         assert outcomes["beat"] != outcomes["reap"]
         after = ledger.get(entry.id)
         assert after is not None
-        expected = tags.STATUS_RUNNING if outcomes["beat"] else tags.STATUS_FAILED
+        expected = Status.RUNNING if outcomes["beat"] else Status.FAILED
         assert after.status == expected
     ledger.dispose()

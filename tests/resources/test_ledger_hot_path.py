@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from resources.core import tags
-from resources.core.entries import SUMMARY_KEYS
+from resources.core.entry import SUMMARY_KEYS, Status, Trigger
 from resources.ledger import Entry, RunLedger, dedup_key_for_due
 from resources.ledger.engine import HOT_PATH, prepare
 from resources.ledger.model import entry_from_row, from_db, to_db
@@ -36,7 +35,7 @@ CALL_PARAMS = {"b_id", "b_run_id", "b_now", "b_expires", "b_kind", "b_error", "b
 def _entry(ledger: RunLedger, due: datetime = DUE, max_attempts: int = 3) -> Entry:
     return ledger.ensure_entry(
         task_key="order_cleanup",
-        trigger=tags.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         max_attempts=max_attempts,
         now=DUE,
@@ -88,7 +87,7 @@ def test_a_cycle_runs_without_sqlalchemy_executions_on_one_kept_connection(
     try:
         for entry in (first, second):
             claimed = ledger.claim(entry.id, OWNER, lease_ttl=TTL, now=JUST_AFTER_DUE)
-            assert claimed.claimed and claimed.entry.status == tags.STATUS_RUNNING
+            assert claimed.claimed and claimed.entry.status == Status.RUNNING
             assert ledger.heartbeat(entry.id, OWNER, lease_ttl=TTL, now=JUST_AFTER_DUE)
             assert ledger.succeed(entry.id, OWNER, now=JUST_AFTER_DUE)
         assert executed == [], "the hot path went through SQLAlchemy's execution"
@@ -114,7 +113,7 @@ def test_the_refused_claim_still_takes_the_slow_path_and_is_recorded(postgres_ur
     assert not ledger.heartbeat(entry.id, OTHER, lease_ttl=TTL, now=JUST_AFTER_DUE)
     assert ledger.succeed(entry.id, OWNER, now=JUST_AFTER_DUE)
     late = ledger.fail(entry.id, OWNER, error="late", now=JUST_AFTER_DUE)
-    assert late.status == tags.STATUS_SUCCESS and late.error is None
+    assert late.status == Status.SUCCESS and late.error is None
     ledger.dispose()
 
 
@@ -126,7 +125,7 @@ def test_what_the_hot_path_returns_is_the_stored_entry(ledger: RunLedger) -> Non
     assert claimed.entry.started_at is not None and claimed.entry.started_at.tzinfo is UTC
     failed = ledger.fail(entry.id, OWNER, error="boom", now=JUST_AFTER_DUE)
     assert failed == ledger.get(entry.id)
-    assert failed.status == tags.STATUS_RETRYING and failed.error == "boom"
+    assert failed.status == Status.RETRYING and failed.error == "boom"
 
 
 # --- time conversions at the database boundary --------------------------------------------
@@ -162,11 +161,11 @@ STORED = datetime(2026, 11, 30, 22, 45, 1, 123456)  # naive UTC, as the database
 ROW: dict[str, Any] = {
     "id": 7,
     "task_key": "order_cleanup",
-    "trigger": tags.TRIGGER_SCHEDULE,
+    "trigger": Trigger.SCHEDULE,
     "origin": "due",
     "dedup_key": "due:2026-11-30T22:45:00Z",
     "due": datetime(2026, 11, 30, 22, 45),
-    "status": tags.STATUS_RUNNING,
+    "status": Status.RUNNING,
     "attempt": 1,
     "max_attempts": 3,
     "parent_id": 3,

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from orchestration.services.hooks import model as hooks_model
 from resources.core import metrics as m
-from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
 from resources.ledger import schema as ledger_schema
 
@@ -25,7 +25,7 @@ NOW = DUE + 8 * SLOT
 def scheduled(ledger: RunLedger, due: datetime, task: str = TASK, attempts: int = 1):
     return ledger.ensure_entry(
         task_key=task,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         due=due,
         max_attempts=attempts,
@@ -65,7 +65,7 @@ def build(ledger: RunLedger) -> dict[str, int]:
     # a manual launch of another task, succeeded
     manual = ledger.ensure_entry(
         task_key=OTHER,
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request("req-1"),
         operator="alice",
         reason="test",
@@ -80,12 +80,12 @@ def build(ledger: RunLedger) -> dict[str, int]:
 def test_each_scrape_number_is_what_the_ledger_recorded(ledger: RunLedger) -> None:
     ids = build(ledger)
     counts = ledger.entry_counts()
-    assert counts[(TASK, t.STATUS_SUCCESS, "", t.TRIGGER_SCHEDULE)] == 1
-    assert counts[(TASK, t.STATUS_FAILED, t.FAILURE_ERROR, t.TRIGGER_SCHEDULE)] == 1
-    assert counts[(TASK, t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED, t.TRIGGER_SCHEDULE)] == 1
-    assert counts[(TASK, t.STATUS_RUNNING, "", t.TRIGGER_SCHEDULE)] == 1
-    assert counts[(TASK, t.STATUS_QUEUED, "", t.TRIGGER_SCHEDULE)] == 2
-    assert counts[(OTHER, t.STATUS_SUCCESS, "", t.TRIGGER_MANUAL)] == 1
+    assert counts[(TASK, Status.SUCCESS, "", Trigger.SCHEDULE)] == 1
+    assert counts[(TASK, Status.FAILED, FailureKind.ERROR, Trigger.SCHEDULE)] == 1
+    assert counts[(TASK, Status.FAILED, FailureKind.LEASE_RECLAIMED, Trigger.SCHEDULE)] == 1
+    assert counts[(TASK, Status.RUNNING, "", Trigger.SCHEDULE)] == 1
+    assert counts[(TASK, Status.QUEUED, "", Trigger.SCHEDULE)] == 2
+    assert counts[(OTHER, Status.SUCCESS, "", Trigger.MANUAL)] == 1
     assert sum(counts.values()) == 7
 
     assert ledger.stale_lease_counts(now=NOW) == {TASK: 1}
@@ -106,7 +106,7 @@ def test_each_scrape_number_is_what_the_ledger_recorded(ledger: RunLedger) -> No
     assert (first.started_at, first.finished_at, first.status) == (
         DUE + timedelta(seconds=30),
         DUE + timedelta(seconds=90),
-        t.STATUS_SUCCESS,
+        Status.SUCCESS,
     )
     assert times[(TASK, DUE + 5 * SLOT)].started_at is None
     assert ledger.due_times_since(NOW) == []

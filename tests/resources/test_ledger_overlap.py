@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.fence import Fence
 from resources.core.overlap import OverlapAction
 from resources.ledger import Entry, RunLedger
@@ -26,7 +26,7 @@ SLOT = timedelta(minutes=15)
 
 def due_entry(ledger: RunLedger, slots_later: int = 0) -> Entry:
     due = Due(DUE + slots_later * SLOT)
-    return ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_SCHEDULE, dedup_key=due.key)
+    return ledger.ensure_entry(task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=due.key)
 
 
 def running(ledger: RunLedger, run_id: str = "run-a") -> Entry:
@@ -43,7 +43,7 @@ def test_skip_ends_the_new_entry_skipped_naming_the_running_one(ledger: RunLedge
     assert found.decision.action is OverlapAction.SKIP
     assert found.claim is None
     after = ledger.get(fresh.id)
-    assert after is not None and after.status == t.STATUS_SKIPPED and after.is_terminal
+    assert after is not None and after.status == Status.SKIPPED and after.is_terminal
     assert after.error == f"overlap: entry {busy.id} running"
     assert after.finished_at is not None
     # A skipped entry is terminal: a late run of its due is refused, saying why.
@@ -73,7 +73,7 @@ def test_buffer_one_keeps_one_waiter_and_skips_the_rest(ledger: RunLedger) -> No
     assert ledger.succeed(busy.id, "run-a")
     claims = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
     assert claims.claim is not None and claims.claim.claimed
-    assert claims.entry.status == t.STATUS_RUNNING
+    assert claims.entry.status == Status.RUNNING
 
 
 def test_a_dead_waiter_frees_the_buffer(ledger: RunLedger) -> None:
@@ -96,13 +96,13 @@ def test_replace_fails_the_running_entry_and_fences_its_run(ledger: RunLedger) -
     assert found.decision.action is OverlapAction.REPLACE
     assert found.claim is not None and found.claim.claimed
     (old,) = found.replaced
-    assert old.id == busy.id and old.status == t.STATUS_FAILED
-    assert old.failure_kind == t.FAILURE_REPLACED
+    assert old.id == busy.id and old.status == Status.FAILED
+    assert old.failure_kind == FailureKind.REPLACED
     assert f"replaced by entry {fresh.id} (run run-b)" in (old.error or "")
     # The replaced run commits nothing from here on, and cannot finish its entry.
     assert not ledger.holds(Fence(busy.id, "run-a", busy.claim_generation))
     assert not ledger.succeed(busy.id, "run-a")
-    assert (ledger.get(busy.id) or busy).status == t.STATUS_FAILED
+    assert (ledger.get(busy.id) or busy).status == Status.FAILED
 
 
 def test_waiting_its_turn_never_skips(ledger: RunLedger) -> None:
@@ -112,7 +112,7 @@ def test_waiting_its_turn_never_skips(ledger: RunLedger) -> None:
         fresh.id, "run-b", policy="skip", lease_ttl=TTL, wait_turn=True
     )
     assert found.decision.action is OverlapAction.WAIT
-    assert (ledger.get(fresh.id) or fresh).status == t.STATUS_QUEUED
+    assert (ledger.get(fresh.id) or fresh).status == Status.QUEUED
 
 
 def test_an_attempt_of_an_entry_that_ran_claims_without_asking(ledger: RunLedger) -> None:
@@ -144,7 +144,7 @@ def test_two_runs_starting_at_once_decide_one_after_the_other(ledger: RunLedger)
     for thread in threads:
         thread.join(timeout=60)
     assert sorted(outcomes.values()) == [OverlapAction.CLAIM, OverlapAction.SKIP]
-    assert [e.status for e in ledger.in_progress(TASK)] == [t.STATUS_RUNNING]
+    assert [e.status for e in ledger.in_progress(TASK)] == [Status.RUNNING]
 
 
 def test_a_paused_due_is_written_once(ledger: RunLedger) -> None:
@@ -152,21 +152,21 @@ def test_a_paused_due_is_written_once(ledger: RunLedger) -> None:
     again, wrote_again = ledger.record_skipped_due(TASK, DUE, reason="paused by bob: other")
     assert (wrote, wrote_again) == (True, False)
     assert again.id == entry.id and again.error == "paused by alice: migration"
-    assert entry.status == t.STATUS_SKIPPED
+    assert entry.status == Status.SKIPPED
     # A run of that due finds it skipped: refused, the entry unchanged.
     result = ledger.claim(entry.id, "run-a", lease_ttl=TTL)
-    assert not result.claimed and result.entry.status == t.STATUS_SKIPPED
+    assert not result.claimed and result.entry.status == Status.SKIPPED
     # A queued entry is skipped by compare-and-set; a running one is left alone.
     queued = due_entry(ledger, 1)
-    assert ledger.skip_entry(queued.id, reason="paused by alice: x").status == t.STATUS_SKIPPED
+    assert ledger.skip_entry(queued.id, reason="paused by alice: x").status == Status.SKIPPED
     busy = due_entry(ledger, 2)
     ledger.claim(busy.id, "run-b", lease_ttl=TTL)
-    assert ledger.skip_entry(busy.id, reason="paused by alice: x").status == t.STATUS_RUNNING
+    assert ledger.skip_entry(busy.id, reason="paused by alice: x").status == Status.RUNNING
 
 
 def test_due_entries_reads_a_range_of_dues(ledger: RunLedger) -> None:
     made = [due_entry(ledger, i) for i in range(4)]
-    ledger.ensure_entry(task_key=TASK, trigger=t.TRIGGER_MANUAL, dedup_key="manual:r1")
+    ledger.ensure_entry(task_key=TASK, trigger=Trigger.MANUAL, dedup_key="manual:r1")
     found = ledger.due_entries(TASK, DUE + SLOT, DUE + 3 * SLOT)
     assert sorted(e.id for e in found.values()) == [made[1].id, made[2].id]
 

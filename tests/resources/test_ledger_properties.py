@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.core import rules, tags
+from resources.core import rules
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import (
     MAX_DISPATCH_FAILURES,
     MAX_LATE_JOB_REJECTIONS,
@@ -71,24 +72,24 @@ class Model:
     """The ledger rules for one entry, as plainly as they can be written."""
 
     max_attempts: int
-    status: str = tags.STATUS_QUEUED
+    status: str = Status.QUEUED
     attempt: int = 0
     owner: str | None = None
     expires: datetime | None = None
     last_run: str | None = None
 
     def owns(self, run: str) -> bool:
-        return self.status == tags.STATUS_RUNNING and self.owner == run
+        return self.status == Status.RUNNING and self.owner == run
 
     def apply(self, op: tuple[Any, ...], now: datetime) -> Any:
         name = op[0]
         if name == "claim":
             if self.owns(op[1]):
                 return True
-            claimable = self.status in (tags.STATUS_QUEUED, tags.STATUS_RETRYING)
+            claimable = self.status in (Status.QUEUED, Status.RETRYING)
             if not claimable or self.attempt >= self.max_attempts:
                 return False
-            self.status, self.owner, self.expires = tags.STATUS_RUNNING, op[1], now + TTL
+            self.status, self.owner, self.expires = Status.RUNNING, op[1], now + TTL
             self.attempt += 1
             self.last_run = op[1]
             return True
@@ -101,43 +102,41 @@ class Model:
             if not self.owns(op[1]):
                 return False
             if name == "succeed":
-                self.status = tags.STATUS_SUCCESS
+                self.status = Status.SUCCESS
             elif (
-                self.attempt < self.max_attempts
-                and op[2] != tags.FAILURE_UNSUPPORTED_TASK
-                and op[3]
+                self.attempt < self.max_attempts and op[2] != FailureKind.UNSUPPORTED_TASK and op[3]
             ):
                 # An unsupported task is failed for good, whatever attempts are left; so is
                 # an attempt that no retry will follow.
-                self.status = tags.STATUS_RETRYING
+                self.status = Status.RETRYING
             else:
-                self.status = tags.STATUS_FAILED
+                self.status = Status.FAILED
             self.owner = self.expires = None
             return True
         if name == "settle":  # Dagster ended the run and will not retry it
-            waiting = self.status == tags.STATUS_RETRYING and self.last_run == op[1]
+            waiting = self.status == Status.RETRYING and self.last_run == op[1]
             if self.owns(op[1]) or waiting:
-                self.status, self.owner, self.expires = tags.STATUS_FAILED, None, None
+                self.status, self.owner, self.expires = Status.FAILED, None, None
                 return True
             return False
         if name in ("reclaim", "reclaim_dry_run"):
-            expired = self.status == tags.STATUS_RUNNING and self.expires is not None
+            expired = self.status == Status.RUNNING and self.expires is not None
             expired = expired and self.expires < now  # type: ignore[operator]
             if expired and name == "reclaim":
-                self.status, self.owner, self.expires = tags.STATUS_FAILED, None, None
+                self.status, self.owner, self.expires = Status.FAILED, None, None
             return expired
         if name == "dispatch_failure":
             if self.status in (
-                tags.STATUS_QUEUED,
-                tags.STATUS_RETRYING,
-                tags.STATUS_DISPATCH_FAILED,
+                Status.QUEUED,
+                Status.RETRYING,
+                Status.DISPATCH_FAILED,
             ):
-                self.status = tags.STATUS_DISPATCH_FAILED
+                self.status = Status.DISPATCH_FAILED
                 return True
             return False
         if name == "redispatch":
-            if self.status == tags.STATUS_DISPATCH_FAILED:
-                self.status, self.attempt = tags.STATUS_QUEUED, 0
+            if self.status == Status.DISPATCH_FAILED:
+                self.status, self.attempt = Status.QUEUED, 0
                 return True
             return False
         return None  # reject, tick: no state change
@@ -159,7 +158,7 @@ def perform(ledger: RunLedger, entry: Entry, op: tuple[Any, ...], now: datetime)
         )
         assert before is not None
         # Accepted exactly when it ended a running attempt (a refusal changes no status).
-        return before.status == tags.STATUS_RUNNING and after.status != tags.STATUS_RUNNING
+        return before.status == Status.RUNNING and after.status != Status.RUNNING
     if name == "settle":
         settled = ledger.settle_unretried_run(
             entry.id, op[1], error=f"{op[2]} at {now}", kind=op[2], now=now
@@ -173,7 +172,7 @@ def perform(ledger: RunLedger, entry: Entry, op: tuple[Any, ...], now: datetime)
         return entry.id in {e.id for e in found}
     if name == "dispatch_failure":
         after = ledger.record_dispatch_failure(entry.id, error="launcher down", now=now)
-        return after.status == tags.STATUS_DISPATCH_FAILED
+        return after.status == Status.DISPATCH_FAILED
     if name == "redispatch":
         return ledger.redispatch(entry.id, now=now)
     return None
@@ -233,13 +232,13 @@ def terminal_state(entry: Entry) -> tuple[Any, ...]:
 def check_invariants(before: Entry, after: Entry) -> None:
     if before.is_terminal:
         assert terminal_state(after) == terminal_state(before), "terminal state changed"
-    if before.status == tags.STATUS_DISPATCH_FAILED and after.status == tags.STATUS_QUEUED:
+    if before.status == Status.DISPATCH_FAILED and after.status == Status.QUEUED:
         assert after.attempt == 0  # re-dispatch: the one documented reset
     else:
         assert after.attempt >= before.attempt, "attempt decreased"
     assert 0 <= after.attempt <= after.max_attempts
     assert after.run_ids[: len(before.run_ids)] == before.run_ids, "run ids rewritten"
-    if after.status == tags.STATUS_RUNNING:
+    if after.status == Status.RUNNING:
         assert after.lease_owner == after.run_ids[-1]
         assert after.lease_expires_at is not None
     else:
@@ -251,7 +250,7 @@ def check_invariants(before: Entry, after: Entry) -> None:
 def run_scenario(ledger: RunLedger, max_attempts: int, ops: list[tuple[Any, ...]]) -> None:
     entry = ledger.ensure_entry(
         task_key="prop_task",
-        trigger=tags.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request(f"example-{next(_examples)}"),
         max_attempts=max_attempts,
         now=START,

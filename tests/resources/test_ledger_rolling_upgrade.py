@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.effects import effect_transaction
 from resources.ledger import LedgerError, RunLedger, dedup_key_for_due
 from resources.ledger.fence import LedgerGuard
@@ -102,7 +102,7 @@ def test_a_worker_of_an_older_release_claims_and_finishes_on_todays_schema(
     today.migrate()
     e3 = today.ensure_entry(
         task_key="order_cleanup",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(D0 + timedelta(minutes=30)),
         now=D0,
     )
@@ -115,24 +115,24 @@ def test_a_worker_of_an_older_release_claims_and_finishes_on_todays_schema(
     assert said["claimed"] and said["heartbeat"] and said["succeeded"], said
     assert said["duplicate_refused"] and said["left_running"], said
     assert said["fenced_effect"] in ("committed", "no fencing in this code"), said
-    assert said["failed_to"] == t.STATUS_RETRYING, said
+    assert said["failed_to"] == Status.RETRYING, said
     assert said["reclaimed"] == [e3.dedup_key], said  # today's expired lease, by the old code
 
     entries: dict[str, int] = said["entries"]  # type: ignore[assignment]
     e1, e2, e4 = (today.get(entries[k]) for k in sorted(entries))
-    assert e1 is not None and e1.status == t.STATUS_SUCCESS and e1.run_ids == ("old-1",)
+    assert e1 is not None and e1.status == Status.SUCCESS and e1.run_ids == ("old-1",)
     assert e1.summary["late_job_rejections"][0]["run_id"] == "old-2"
     retry = today.claim(e2.id, "new-2", lease_ttl=TTL, now=D0 + timedelta(minutes=40))
     assert retry.claimed and retry.entry.attempt == 2
     assert retry.fence is not None and retry.fence.token == retry.entry.claim_generation
     assert today.succeed(e2.id, "new-2", now=D0 + timedelta(minutes=41))
     (reclaimed,) = today.reclaim_expired(now=D0 + timedelta(hours=1))
-    assert (reclaimed.id, reclaimed.failure_kind) == (e4.id, t.FAILURE_LEASE_RECLAIMED)
+    assert (reclaimed.id, reclaimed.failure_kind) == (e4.id, FailureKind.LEASE_RECLAIMED)
     after = today.get(e3.id)
-    assert after is not None and after.failure_kind == t.FAILURE_LEASE_RECLAIMED
+    assert after is not None and after.failure_kind == FailureKind.LEASE_RECLAIMED
     assert {e.status for e in today.list_entries(limit=10)[0]} == {
-        t.STATUS_SUCCESS,
-        t.STATUS_FAILED,
+        Status.SUCCESS,
+        Status.FAILED,
     }
     today.dispose()
 
@@ -155,7 +155,7 @@ def test_todays_worker_carries_on_against_a_newer_releases_schema(newer_schema: 
     ledger.migrate()  # a newer revision: left alone, no error
     entry = ledger.ensure_entry(
         task_key="order_cleanup",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(D0),
         now=D0,
     )

@@ -35,7 +35,7 @@ from click.testing import CliRunner
 from pg_server import PgServer
 
 from orchestration.cli import main as dueledger
-from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.migrate import migration_head
 from resources.ledger.schema import VERSION_TABLE
@@ -181,9 +181,9 @@ def test_an_upgrade_keeps_every_row_and_every_runs_show_shape(
     # Today's code carries on from the old rows.
     reclaimed = ledger.reclaim_expired(now=AFTER)
     assert [(e.status, e.failure_kind) for e in reclaimed] == [
-        (t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED)
+        (Status.FAILED, FailureKind.LEASE_RECLAIMED)
     ]
-    (backfill,) = [e for e in ledger.list_entries(limit=50)[0] if e.trigger == t.TRIGGER_BACKFILL]
+    (backfill,) = [e for e in ledger.list_entries(limit=50)[0] if e.trigger == Trigger.BACKFILL]
     claim = ledger.claim(
         backfill.id, "run-after-upgrade", lease_ttl=timedelta(minutes=5), now=AFTER
     )

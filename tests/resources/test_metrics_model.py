@@ -8,7 +8,7 @@ import math
 import pytest
 
 from resources.core import metrics as m
-from resources.core import tags as t
+from resources.core.entry import TRIGGERS, FailureKind, Status, Trigger
 
 INFO = m.TaskInfo("order_cleanup", "every 15 minutes", "strict_current_slot", "queue", "core")
 
@@ -22,12 +22,12 @@ def test_terminal_statuses_are_counted_and_open_ones_are_gauges():
         slot_seconds=900.0,
         tasks=[INFO],
         entry_counts={
-            ("order_cleanup", t.STATUS_SUCCESS, "", t.TRIGGER_SCHEDULE): 4,
+            ("order_cleanup", Status.SUCCESS, "", Trigger.SCHEDULE): 4,
             # a success after a failed attempt keeps that attempt's kind on its entry
-            ("order_cleanup", t.STATUS_SUCCESS, t.FAILURE_ERROR, t.TRIGGER_SCHEDULE): 1,
-            ("order_cleanup", t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED, t.TRIGGER_MANUAL): 2,
-            ("order_cleanup", t.STATUS_QUEUED, "", t.TRIGGER_SCHEDULE): 3,
-            ("gone_task", t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH, t.TRIGGER_SCHEDULE): 1,
+            ("order_cleanup", Status.SUCCESS, FailureKind.ERROR, Trigger.SCHEDULE): 1,
+            ("order_cleanup", Status.FAILED, FailureKind.LEASE_RECLAIMED, Trigger.MANUAL): 2,
+            ("order_cleanup", Status.QUEUED, "", Trigger.SCHEDULE): 3,
+            ("gone_task", Status.DISPATCH_FAILED, FailureKind.DISPATCH, Trigger.SCHEDULE): 1,
         },
     )
     got = by_name(snap)
@@ -39,7 +39,7 @@ def test_terminal_statuses_are_counted_and_open_ones_are_gauges():
     # Zeros for every registered task, trigger and failure kind, none for an unknown task.
     assert entries[("order_cleanup", "failed", "timeout", "backfill")] == 0.0
     assert not [k for k in entries if k[0] == "gone_task"]
-    assert len(entries) == len(t.TRIGGERS) * (1 + len(m.FAILED_KINDS))
+    assert len(entries) == len(TRIGGERS) * (1 + len(m.FAILED_KINDS))
     opened = got["dueledger_open_entries"]
     assert opened[("order_cleanup", "queued")] == 3.0
     assert opened[("order_cleanup", "running")] == 0.0

@@ -11,7 +11,7 @@ from resources.core import tags as t
 from resources.core.catchup import LAUNCH, LEAVE, RELAUNCH, RETRY, catch_up_step
 from resources.core.deadlines import deadline_miss
 from resources.core.due import Due
-from resources.core.entry import Entry
+from resources.core.entry import Entry, Status, Trigger
 from resources.core.overlap import OverlapAction, decide_overlap
 from resources.core.pausing import failure_pause_reason, failure_streak
 from resources.core.requests import entry_request_from_tags
@@ -24,7 +24,7 @@ def entry(id: int, status: str, **kw: object) -> Entry:
     base: dict[str, object] = {
         "id": id,
         "task_key": "t",
-        "trigger": t.TRIGGER_SCHEDULE,
+        "trigger": Trigger.SCHEDULE,
         "origin": "due",
         "dedup_key": Due(DUE).key,
         "due": DUE,
@@ -76,10 +76,10 @@ def test_the_overlap_decision(policy, in_progress, waiter, wait_turn, action, re
 
 # --- pause on failure -----------------------------------------------------------------------
 def test_a_streak_counts_failures_skips_over_skipped_and_stops_at_a_success() -> None:
-    failed = [entry(i, t.STATUS_FAILED, failure_kind="error") for i in (5, 4)]
-    skipped = entry(3, t.STATUS_SKIPPED)
+    failed = [entry(i, Status.FAILED, failure_kind="error") for i in (5, 4)]
+    skipped = entry(3, Status.SKIPPED)
     assert failure_streak(2, [failed[0], skipped, failed[1]], None) == (failed[0], failed[1])
-    assert failure_streak(2, [failed[0], entry(2, t.STATUS_SUCCESS), failed[1]], None) is None
+    assert failure_streak(2, [failed[0], entry(2, Status.SUCCESS), failed[1]], None) is None
     assert failure_streak(3, failed, None) is None
     # After a resume, only later failures count.
     resumed = DUE + timedelta(minutes=1)
@@ -92,11 +92,11 @@ def test_a_streak_counts_failures_skips_over_skipped_and_stops_at_a_success() ->
 @pytest.mark.parametrize(
     ("status", "finished", "met"),
     [
-        (t.STATUS_SUCCESS, DUE + timedelta(minutes=19), True),
-        (t.STATUS_SUCCESS, DUE + timedelta(minutes=21), False),  # late
-        (t.STATUS_FAILED, DUE + timedelta(minutes=2), False),
-        (t.STATUS_RUNNING, None, False),
-        (t.STATUS_SKIPPED, DUE, True),  # not run on purpose: not judged
+        (Status.SUCCESS, DUE + timedelta(minutes=19), True),
+        (Status.SUCCESS, DUE + timedelta(minutes=21), False),  # late
+        (Status.FAILED, DUE + timedelta(minutes=2), False),
+        (Status.RUNNING, None, False),
+        (Status.SKIPPED, DUE, True),  # not run on purpose: not judged
     ],
 )
 def test_a_deadline_is_met_by_a_success_in_time(status, finished, met) -> None:
@@ -109,15 +109,15 @@ def test_a_deadline_is_met_by_a_success_in_time(status, finished, met) -> None:
 
 
 def test_a_retry_that_succeeded_in_time_meets_the_deadline() -> None:
-    failed = entry(4, t.STATUS_FAILED)
-    child = entry(5, t.STATUS_SUCCESS, finished_at=DUE + timedelta(minutes=10))
+    failed = entry(4, Status.FAILED)
+    child = entry(5, Status.SUCCESS, finished_at=DUE + timedelta(minutes=10))
     assert deadline_miss("t", DUE, DEADLINE, failed, [child]) is None
     never_ran = deadline_miss("t", DUE, DEADLINE, None)
     assert never_ran is not None and never_ran.why.startswith("no run was created")
 
 
 # --- catch-up ------------------------------------------------------------------------------
-CATCH_UP_ENTRY = entry(1, t.STATUS_QUEUED, trigger=t.TRIGGER_MANUAL, attempt=0)
+CATCH_UP_ENTRY = entry(1, Status.QUEUED, trigger=Trigger.MANUAL, attempt=0)
 
 
 @pytest.mark.parametrize(
@@ -127,21 +127,21 @@ CATCH_UP_ENTRY = entry(1, t.STATUS_QUEUED, trigger=t.TRIGGER_MANUAL, attempt=0)
         (None, False, None, "failed", LEAVE),
         (None, True, None, None, LEAVE),
         (None, False, "paused by a: b", None, LEAVE),
-        (entry(1, t.STATUS_FAILED, failure_kind="error"), False, None, None, RETRY),
-        (entry(1, t.STATUS_FAILED, failure_kind="error"), False, None, "missed", LEAVE),
-        (entry(1, t.STATUS_FAILED, failure_kind="lease_reclaimed"), False, None, None, LEAVE),
-        (entry(1, t.STATUS_FAILED, manual_retry_at=DUE), False, None, None, LEAVE),
-        (entry(1, t.STATUS_SUCCESS), False, None, None, LEAVE),
-        (entry(1, t.STATUS_SKIPPED, error="overlap: entry 2 running"), False, None, None, LEAVE),
+        (entry(1, Status.FAILED, failure_kind="error"), False, None, None, RETRY),
+        (entry(1, Status.FAILED, failure_kind="error"), False, None, "missed", LEAVE),
+        (entry(1, Status.FAILED, failure_kind="lease_reclaimed"), False, None, None, LEAVE),
+        (entry(1, Status.FAILED, manual_retry_at=DUE), False, None, None, LEAVE),
+        (entry(1, Status.SUCCESS), False, None, None, LEAVE),
+        (entry(1, Status.SKIPPED, error="overlap: entry 2 running"), False, None, None, LEAVE),
         (
-            entry(1, t.STATUS_QUEUED, trigger=t.TRIGGER_MANUAL, attempt=0),
+            entry(1, Status.QUEUED, trigger=Trigger.MANUAL, attempt=0),
             False,
             None,
             None,
             RELAUNCH,
         ),
-        (entry(1, t.STATUS_QUEUED, trigger=t.TRIGGER_MANUAL, attempt=0), True, None, None, LEAVE),
-        (entry(1, t.STATUS_DISPATCH_FAILED), False, None, None, LEAVE),
+        (entry(1, Status.QUEUED, trigger=Trigger.MANUAL, attempt=0), True, None, None, LEAVE),
+        (entry(1, Status.DISPATCH_FAILED), False, None, None, LEAVE),
     ],
 )
 def test_each_due_of_a_catch_up_gets_one_step(found, has_run, paused, only, action) -> None:
@@ -150,10 +150,10 @@ def test_each_due_of_a_catch_up_gets_one_step(found, has_run, paused, only, acti
 
 
 def test_a_manual_run_naming_a_due_is_that_dues_run() -> None:
-    tags = {t.TAG_TASK: "t", t.TAG_TRIGGER: t.TRIGGER_MANUAL, t.TAG_DUE: Due(DUE).text}
+    tags = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL, t.TAG_DUE: Due(DUE).text}
     request = entry_request_from_tags({**tags, t.TAG_OPERATOR: "alice"}, "run-1")
     assert (request.dedup_key, request.operator) == (Due(DUE).key, "alice")
-    assert request.trigger == t.TRIGGER_MANUAL
+    assert request.trigger == Trigger.MANUAL
     # Without a due it stays in the manual namespace.
-    launched = {t.TAG_TASK: "t", t.TAG_TRIGGER: t.TRIGGER_MANUAL, t.TAG_REQUEST_ID: "r1"}
+    launched = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL, t.TAG_REQUEST_ID: "r1"}
     assert entry_request_from_tags(launched, "run-2").dedup_key == "manual:r1"

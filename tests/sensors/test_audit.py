@@ -22,6 +22,7 @@ from orchestration.services.audit import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
 from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.plans import Cron, EverySlots, NthSlotOfDay
 from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
@@ -99,7 +100,7 @@ def test_dues_before_the_first_recorded_run_are_not_missed_and_gaps_after_it_are
     first = MIDNIGHT - timedelta(hours=2)
     for due in (first, first + timedelta(minutes=15), first + timedelta(minutes=45)):
         ledger.ensure_entry(
-            task_key="t", trigger=t.TRIGGER_SCHEDULE, dedup_key=dedup_key_for_due(due), now=due
+            task_key="t", trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due), now=due
         )
     audit = audit_task(view(EverySlots(1)), ledger, first + timedelta(hours=1, minutes=5))
     assert audit.start == first
@@ -163,7 +164,7 @@ def outage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outage]:
             keys = [
                 r.tags[t.DAGSTER_RUN_KEY]
                 for r in task_runs(instance, "catch_up_task")
-                if r.tags.get(t.TAG_TRIGGER) == t.TRIGGER_SENSOR
+                if r.tags.get(t.TAG_TRIGGER) == Trigger.SENSOR
             ]
             yield Outage(
                 instance,
@@ -204,7 +205,7 @@ def test_three_slots_without_a_daemon_are_three_missed_dues_of_a_strict_task(out
     assert not [
         r
         for r in task_runs(outage.instance, "strict_task")
-        if r.tags.get(t.TAG_TRIGGER) != t.TRIGGER_SCHEDULE
+        if r.tags.get(t.TAG_TRIGGER) != Trigger.SCHEDULE
     ]
 
 

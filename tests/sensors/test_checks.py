@@ -13,8 +13,8 @@ from sensor_support import LedgerEnv, fixture_module, target, utc_now
 
 from orchestration.checks import build_task_checks
 from orchestration.services import accounting as acc
-from resources.core import tags as t
 from resources.core.due import Due, floor_to_slot
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
 
 SLOT = timedelta(minutes=15)
@@ -32,7 +32,7 @@ def strict_view():
 def _entry(ledger: RunLedger, due: datetime, attempts: int = 1):
     return ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         max_attempts=attempts,
         now=due,
@@ -67,7 +67,7 @@ def test_success_running_and_a_successful_manual_retry_pass(ledger: RunLedger) -
     assert "failed (error): boom" in failed.detail
     child = ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(entry.id),
         parent_id=entry.id,
         operator="ops",
@@ -95,7 +95,7 @@ def test_slot_health_reports_the_check_and_the_catalog_sees_it_fail(ledger_env: 
     # strict_task ran for the due before, not for the latest finished one.
     ledger_env.ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(latest - SLOT),
         max_attempts=1,
         now=latest - SLOT,

@@ -40,6 +40,7 @@ from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now
 from orchestration.cli import main
 from resources.core import tags as t
 from resources.core.due import floor_to_slot
+from resources.core.entry import FailureKind, Status
 from resources.core.settings import ENV_DATABASE_URL
 from resources.idempotency import create_domain_schema, notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
@@ -135,7 +136,7 @@ def worker(world: World) -> Iterator[Worker]:
         try:
             wait_for(
                 "the worker's claim",
-                lambda: [e for e in world.env.entries(TASK) if e.status == t.STATUS_RUNNING],
+                lambda: [e for e in world.env.entries(TASK) if e.status == Status.RUNNING],
             )
             # Frozen only once it waits: frozen mid-write it would hold a lock on Dagster's
             # SQLite storage, and the reclaim sensor's tick could not open the instance.
@@ -160,7 +161,7 @@ def test_a_worker_that_holds_its_lease_commits_its_side_effects(world: World, wo
     world.release.touch()
     assert worker.process.wait(timeout=120) == 0, worker.process.stderr.read().decode()[-3000:]
 
-    assert only_entry(world).status == t.STATUS_SUCCESS
+    assert only_entry(world).status == Status.SUCCESS
     assert world.order_statuses() == ["cancelled", "cancelled"]
     assert world.effect_rows() == (1, 1)
 
@@ -173,8 +174,8 @@ def test_a_zombie_worker_commits_nothing_after_the_reclaim_and_runs_show_says_wh
     run_sensor_tick(worker.ctx, frozen_at + SENSOR_INTERVAL)  # the real reclaim sensor
     reclaimed = only_entry(world)
     assert (reclaimed.status, reclaimed.failure_kind) == (
-        t.STATUS_FAILED,
-        t.FAILURE_LEASE_RECLAIMED,
+        Status.FAILED,
+        FailureKind.LEASE_RECLAIMED,
     )
 
     world.release.touch()  # its wait is over...

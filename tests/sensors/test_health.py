@@ -16,6 +16,7 @@ from sensor_support import fixture_module
 
 from orchestration.services.summary import ledger_summary, summary_markdown
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.registry import Cron, EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
 from sensors.health import build_slot_health_sensor
@@ -38,7 +39,7 @@ def views():
 def _due_entry(ledger: RunLedger, due: datetime, *, task: str = "strict_task", attempts: int = 3):
     return ledger.ensure_entry(
         task_key=task,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         max_attempts=attempts,
         now=due,
@@ -74,7 +75,7 @@ def build_ledger(ledger: RunLedger) -> None:
     _due_entry(ledger, at(22, 45))  # queued, its run not started yet
     ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(failed.id),
         parent_id=failed.id,
         operator="ops",
@@ -142,10 +143,10 @@ def test_needs_attention_lists_the_newest_failed_stale_and_dispatch_failed_entri
     summary = ledger_summary(ledger, views(), NOW)
     rows = [(r["status"], r["failure_kind"], r["run_id"]) for r in summary["attention"]]
     assert rows == [
-        (t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED, "run-reclaimed"),  # 22:40
-        (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH, "run-x"),  # 20:46
+        (Status.FAILED, FailureKind.LEASE_RECLAIMED, "run-reclaimed"),  # 22:40
+        (Status.DISPATCH_FAILED, FailureKind.DISPATCH, "run-x"),  # 20:46
         ("stale", "", "run-stale"),  # claimed 20:30, lease expired
-        (t.STATUS_FAILED, t.FAILURE_ERROR, "run-failed"),  # 20:16
+        (Status.FAILED, FailureKind.ERROR, "run-failed"),  # 20:16
     ]
     report = summary_markdown(summary)
     failed = next(r for r in summary["attention"] if r["run_id"] == "run-failed")
@@ -171,7 +172,7 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
         [build(ledger_health)],
         resources={"ledger": RunLedger(database_url=ledger_url)},
         instance=dg.DagsterInstance.ephemeral(),
-        tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE, t.TAG_DUE: due},
+        tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: due},
     )
     assert result.success
     (event,) = result.get_asset_materialization_events()
@@ -190,7 +191,7 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
     assert "| task | status | lag | runs | latest due | next |" in latest
     assert "| order_cleanup | no run yet |" in latest
     entry = RunLedger(database_url=ledger_url).find("ledger_health", f"due:{due}")
-    assert entry is not None and entry.status == t.STATUS_SUCCESS
+    assert entry is not None and entry.status == Status.SUCCESS
 
 
 # --- slot health: one warning per slot, silent when healthy ----------------------------------
@@ -261,7 +262,7 @@ def test_slot_health_warns_once_per_slot_listing_what_went_wrong(ledger, alerts)
     assert len(alerts) == 1 and again.cursor is None
     ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(at(22, 30)),
         now=at(22, 30),
     )

@@ -13,6 +13,7 @@ from sensor_support import fixture_module
 from orchestration.services import accounting as acc
 from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
 from resources.core import tags as t
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger, dedup_key_for_due
 
 
@@ -36,7 +37,7 @@ def views():
 def scheduled(ledger: RunLedger, due: datetime, attempts: int = 1):
     return ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         due=due,
         max_attempts=attempts,

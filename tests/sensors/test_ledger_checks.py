@@ -25,6 +25,7 @@ from orchestration.services.reclaim import reclaim_leases
 from orchestration.services.runtime import task_run
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
+from resources.core.entry import Status, Trigger
 from resources.core.plans import EverySlots
 from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
@@ -53,7 +54,7 @@ def checked_task(context: dg.AssetExecutionContext, ledger: RunLedger):
 def scheduled(due: datetime, **extra: str) -> dict[str, str]:
     return {
         t.TAG_TASK: SPEC.key,
-        t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE,
         t.TAG_DUE: format_due(due),
         **extra,
     }
@@ -122,7 +123,7 @@ def test_a_lease_that_expired_unreclaimed_fails_the_check_until_it_is_reclaimed(
     now = utc_now()
     entry = ledger.ensure_entry(
         task_key=SPEC.key,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(floor_to_slot(now, 15)),
         max_attempts=1,
     )
@@ -166,7 +167,7 @@ def test_an_entry_whose_retry_never_comes_fails_the_check_until_it_is_settled(
     due = floor_to_slot(utc_now(), 15)
     run = run_task(instance, ledger, scheduled(due, **{t.DAGSTER_MAX_RETRIES: "2"}))
     entry = ledger.find(SPEC.key, dedup_key_for_due(due))
-    assert entry is not None and entry.status == t.STATUS_RETRYING  # 1 of 3 attempts
+    assert entry is not None and entry.status == Status.RETRYING  # 1 of 3 attempts
     if how == "dagster_will_not_retry":
         # Dagster announced the retry, then could not create it (its code location was
         # away) and took the announcement back: what the run said when it failed no longer
@@ -257,11 +258,11 @@ def _entry(**changes: Any):
     base: dict[str, Any] = {
         "id": 7,
         "task_key": SPEC.key,
-        "trigger": t.TRIGGER_SCHEDULE,
+        "trigger": Trigger.SCHEDULE,
         "origin": "due",
         "dedup_key": "due:2026-11-30T00:00:00Z",
         "due": now,
-        "status": t.STATUS_SUCCESS,
+        "status": Status.SUCCESS,
         "attempt": 1,
         "max_attempts": 3,
         "parent_id": None,
@@ -331,7 +332,7 @@ def test_slot_health_reports_the_ledger_checks_and_the_catalog_executes_them(
     ledger = ledger_env.ledger
     stale = ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due - SLOT),
         max_attempts=1,
     )
@@ -344,7 +345,7 @@ def test_slot_health_reports_the_ledger_checks_and_the_catalog_executes_them(
         ) as instance,
         daemon_workspace(instance, target("health_defs")) as ctx,
     ):
-        tags = {t.TAG_TASK: "failing_task", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE}
+        tags = {t.TAG_TASK: "failing_task", t.TAG_TRIGGER: Trigger.SCHEDULE}
         claimed = dg.materialize(
             [failing],
             resources={"ledger": ledger},
@@ -360,7 +361,7 @@ def test_slot_health_reports_the_ledger_checks_and_the_catalog_executes_them(
             raise_on_error=False,
         )
         retrying = ledger.find("failing_task", dedup_key_for_due(due))
-        assert retrying is not None and retrying.status == t.STATUS_RETRYING
+        assert retrying is not None and retrying.status == Status.RETRYING
 
         # "Execute" in the Catalog: a run of the check alone, as of now.
         run_id = _execute_from_the_catalog(ctx, lc.CHECK_NO_STALE_LEASES)

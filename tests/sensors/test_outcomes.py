@@ -39,6 +39,7 @@ from orchestration.services.outcomes import (
 )
 from orchestration.services.views import task_views
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.instants import utc_now
 from resources.core.outcomes import Action, RunOutcome, decide
 from resources.core.plans import EverySlots
@@ -75,11 +76,11 @@ def make_entry(**changes: Any) -> Any:
     base: dict[str, Any] = {
         "id": 1,
         "task_key": "strict_task",
-        "trigger": t.TRIGGER_SCHEDULE,
+        "trigger": Trigger.SCHEDULE,
         "origin": "due",
         "dedup_key": "due:2026-11-30T22:45:00Z",
         "due": DUE,
-        "status": t.STATUS_QUEUED,
+        "status": Status.QUEUED,
         "attempt": 0,
         "max_attempts": 3,
         "parent_id": None,
@@ -117,76 +118,76 @@ DECISIONS = [
     ("queued entry, run never claimed", make_entry(), FAILED_RUN, Action.DISPATCH_FAILED),
     (
         "retrying entry, its retry run never started, no further retry",
-        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-a",)),
+        make_entry(status=Status.RETRYING, attempt=1, run_ids=("run-a",)),
         NO_RETRY,
         Action.DISPATCH_FAILED,
     ),
     (
         # Found by the soak: marking it dispatch_failed made the next retry's claim fail.
         "retrying entry, its retry run died before claiming, Dagster retries again",
-        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-a",)),
+        make_entry(status=Status.RETRYING, attempt=1, run_ids=("run-a",)),
         FAILED_RUN,
         Action.NONE,
     ),
     (
         "the same dispatch failure evaluated again",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("run-x")),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("run-x")),
         FAILED_RUN,
         Action.NONE,
     ),
     (
         "owner died, Dagster retries, attempts left",
-        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        make_entry(status=Status.RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
         FAILED_RUN,
         Action.FAIL_ATTEMPT,
     ),
     (
         "owner died on its last attempt",
         make_entry(
-            status=t.STATUS_RUNNING, attempt=3, run_ids=("a", "b", "run-x"), lease_owner="run-x"
+            status=Status.RUNNING, attempt=3, run_ids=("a", "b", "run-x"), lease_owner="run-x"
         ),
         FAILED_RUN,
         Action.FAIL_FINAL,
     ),
     (
         "owner died, Dagster will not retry",
-        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        make_entry(status=Status.RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
         NO_RETRY,
         Action.FAIL_FINAL,
     ),
     (
         "owner canceled",
-        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
+        make_entry(status=Status.RUNNING, attempt=1, run_ids=("run-x",), lease_owner="run-x"),
         CANCELED,
         Action.FAIL_FINAL,
     ),
     (
         "retrying after its run recorded the failure, no retry coming",
-        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-x",), error="E"),
+        make_entry(status=Status.RETRYING, attempt=1, run_ids=("run-x",), error="E"),
         NO_RETRY,
         Action.FAIL_FINAL,
     ),
     (
         "retrying after its run recorded the failure, retry coming",
-        make_entry(status=t.STATUS_RETRYING, attempt=1, run_ids=("run-x",), error="E"),
+        make_entry(status=Status.RETRYING, attempt=1, run_ids=("run-x",), error="E"),
         FAILED_RUN,
         Action.NONE,
     ),
     (
         "success is never overwritten",
-        make_entry(status=t.STATUS_SUCCESS, attempt=1, run_ids=("run-x",)),
+        make_entry(status=Status.SUCCESS, attempt=1, run_ids=("run-x",)),
         NO_RETRY,
         Action.NONE,
     ),
     (
         "failed is never overwritten",
-        make_entry(status=t.STATUS_FAILED, attempt=1, run_ids=("run-x",)),
+        make_entry(status=Status.FAILED, attempt=1, run_ids=("run-x",)),
         FAILED_RUN,
         Action.NONE,
     ),
     (
         "a duplicate run while another run holds the lease",
-        make_entry(status=t.STATUS_RUNNING, attempt=1, run_ids=("run-a",), lease_owner="run-a"),
+        make_entry(status=Status.RUNNING, attempt=1, run_ids=("run-a",), lease_owner="run-a"),
         FAILED_RUN,
         Action.TRACE_DUPLICATE,
     ),
@@ -194,14 +195,14 @@ DECISIONS = [
         # Found by the history checker: the second daemon's run of a due, dead before
         # claiming, was in no entry.
         "a duplicate run that died before claiming a due another run finished",
-        make_entry(status=t.STATUS_SUCCESS, attempt=1, run_ids=("run-a",)),
+        make_entry(status=Status.SUCCESS, attempt=1, run_ids=("run-a",)),
         NO_RETRY,
         Action.TRACE_DUPLICATE,
     ),
     (
         "a duplicate already traced (its claim was refused)",
         make_entry(
-            status=t.STATUS_SUCCESS,
+            status=Status.SUCCESS,
             attempt=1,
             run_ids=("run-a",),
             summary={
@@ -229,28 +230,28 @@ REDISPATCH = [
     ("no entry in this slot", None, False, None, False),
     (
         "first dispatch failure",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("a")),
         False,
         1,
         True,
     ),
     (
         "third dispatch failure",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a", "b", "c")),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("a", "b", "c")),
         False,
         3,
         True,
     ),
     (
         "budget used (4 failures, 3 re-dispatches)",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a", "b", "c", "d")),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("a", "b", "c", "d")),
         False,
         None,
         False,
     ),
     (
         "re-dispatched, run not yet claimed: same key again",
-        make_entry(status=t.STATUS_QUEUED, summary=failures("a")),
+        make_entry(status=Status.QUEUED, summary=failures("a")),
         False,
         1,
         False,
@@ -258,14 +259,14 @@ REDISPATCH = [
     ("queued, never failed", make_entry(), False, None, False),
     (
         "operator canceled the run",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("a")),
         True,
         None,
         False,
     ),
     (
         "a manual retry was made",
-        make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a"), manual_retry_at=DUE),
+        make_entry(status=Status.DISPATCH_FAILED, summary=failures("a"), manual_retry_at=DUE),
         False,
         None,
         False,
@@ -385,7 +386,7 @@ def test_a_task_failing_twice_then_succeeding_is_one_entry_with_attempts_1_2_3(r
     assert claimed == [(r.run_id, n) for r, n in zip(runs, (1, 2, 3), strict=True)]
     (entry,) = retried.ledger.list_entries(task_key="flaky_task")[0]
     assert entry.dedup_key == "due:2026-11-30T22:45:00Z"
-    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 3)
+    assert (entry.status, entry.attempt) == (Status.SUCCESS, 3)
     assert list(entry.run_ids) == [r.run_id for r in runs]
 
 
@@ -396,9 +397,9 @@ def test_a_task_that_always_fails_is_failed_after_max_attempts_and_not_retried_f
     assert retried.extra_runs_after_exhaustion == 0
     (entry,) = retried.ledger.list_entries(task_key="failing_task")[0]
     assert (entry.status, entry.attempt, entry.failure_kind) == (
-        t.STATUS_FAILED,
+        Status.FAILED,
         3,
-        t.FAILURE_ERROR,
+        FailureKind.ERROR,
     )
     assert "attempt 3 fails on purpose" in (entry.error or "")
     assert list(entry.run_ids) == [r.run_id for r in runs]
@@ -459,10 +460,10 @@ def test_a_run_that_never_started_becomes_dispatch_failed_and_is_redispatched_in
         redispatched = runs[1]
         assert redispatched.tags[t.DAGSTER_RUN_KEY] == "2026-11-30T22:45:00Z#redispatch-1"
         assert redispatched.tags[t.TAG_DUE] == "2026-11-30T22:45:00Z"
-        assert redispatched.tags[t.TAG_TRIGGER] == t.TRIGGER_SENSOR
+        assert redispatched.tags[t.TAG_TRIGGER] == Trigger.SENSOR
         assert redispatched.status == dg.DagsterRunStatus.STARTING  # launched
         entry = _entry_of(ledger_env)
-        assert (entry.status, entry.attempt) == (t.STATUS_QUEUED, 0)
+        assert (entry.status, entry.attempt) == (Status.QUEUED, 0)
         (kept,) = entry.summary["dispatch_failures"]
         assert kept["run_id"] == first.run_id
         expected = "refuses to launch" if cause == "launch_error" else "to start"
@@ -505,13 +506,13 @@ def test_redispatch_stops_after_three_per_slot_keeping_the_errors(ledger_env: Le
             "2026-11-30T22:45:00Z#redispatch-3",
         ]
         entry = _entry_of(ledger_env)
-        assert (entry.status, entry.failure_kind) == (t.STATUS_DISPATCH_FAILED, t.FAILURE_DISPATCH)
+        assert (entry.status, entry.failure_kind) == (Status.DISPATCH_FAILED, FailureKind.DISPATCH)
         assert len(entry.summary["dispatch_failures"]) == 4  # every error kept (newest 5)
 
         marker.unlink()  # even a working launcher gets nothing more in the next slot
         run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1), raise_on_error=False)
         assert len(task_runs(instance, "strict_task")) == 4
-        assert _entry_of(ledger_env).status == t.STATUS_DISPATCH_FAILED
+        assert _entry_of(ledger_env).status == Status.DISPATCH_FAILED
 
 
 def test_a_dispatch_failure_seen_after_its_slot_is_not_redispatched(ledger_env: LedgerEnv):
@@ -522,7 +523,7 @@ def test_a_dispatch_failure_seen_after_its_slot_is_not_redispatched(ledger_env: 
         run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=2))
         assert len(task_runs(instance, "strict_task")) == 1
         entry = _entry_of(ledger_env)
-        assert entry.status == t.STATUS_DISPATCH_FAILED
+        assert entry.status == Status.DISPATCH_FAILED
         assert entry.due == DUE
 
 
@@ -533,31 +534,31 @@ RETRY_OF = {t.DAGSTER_RETRY_NUMBER: "1", t.DAGSTER_PARENT_RUN_ID: "a", t.DAGSTER
     ("entry", "tags", "resumes"),
     [
         pytest.param(
-            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            make_entry(status=Status.DISPATCH_FAILED, summary=failures("a")),
             RETRY_OF,
             True,
             id="retry of the run that failed",
         ),
         pytest.param(
-            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            make_entry(status=Status.DISPATCH_FAILED, summary=failures("a")),
             {**RETRY_OF, t.DAGSTER_RETRY_NUMBER: "2", t.DAGSTER_PARENT_RUN_ID: "b"},
             True,
             id="a later retry in the same chain (root)",
         ),
         pytest.param(
-            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("a")),
+            make_entry(status=Status.DISPATCH_FAILED, summary=failures("a")),
             {t.DAGSTER_PARENT_RUN_ID: "a", t.DAGSTER_ROOT_RUN_ID: "a"},
             False,
             id="a re-execution, not Dagster's retry",
         ),
         pytest.param(
-            make_entry(status=t.STATUS_DISPATCH_FAILED, summary=failures("c")),
+            make_entry(status=Status.DISPATCH_FAILED, summary=failures("c")),
             RETRY_OF,
             False,
             id="retry of a run that did not fail this entry",
         ),
         pytest.param(
-            make_entry(status=t.STATUS_FAILED, summary=failures("a")),
+            make_entry(status=Status.FAILED, summary=failures("a")),
             RETRY_OF,
             False,
             id="entry not dispatch_failed",
@@ -583,7 +584,7 @@ def test_dagster_retry_of_a_run_that_ended_before_claiming_does_the_due_once(
         # The outcome sensor sees the failure only after the slot: no re-dispatch.
         run_sensor_tick(ctx, NEXT_SLOT + timedelta(minutes=1))
         entry = _entry_of(ledger_env)
-        assert entry.status == t.STATUS_DISPATCH_FAILED
+        assert entry.status == Status.DISPATCH_FAILED
         assert entry.dispatch_failure_run_ids == {first.run_id}
 
         run_retry_iteration(ctx, NEXT_SLOT + timedelta(minutes=2))
@@ -601,7 +602,7 @@ def test_dagster_retry_of_a_run_that_ended_before_claiming_does_the_due_once(
             retry.run_id,
         ]
     entry = _entry_of(ledger_env)
-    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 1)
+    assert (entry.status, entry.attempt) == (Status.SUCCESS, 1)
     assert list(entry.run_ids) == [retry.run_id]
     (kept,) = entry.summary["dispatch_failures"]  # the first run's error stays on record
     assert kept["run_id"] == first.run_id
@@ -616,7 +617,7 @@ def _claimed(ledger: RunLedger, run_id: str, *, attempts: int = 3):
 
     entry = ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(DUE),
         max_attempts=attempts,
         now=AT_DUE,
@@ -627,7 +628,7 @@ def _claimed(ledger: RunLedger, run_id: str, *, attempts: int = 3):
 
 TAGS = {
     t.TAG_TASK: "strict_task",
-    t.TAG_TRIGGER: t.TRIGGER_SCHEDULE,
+    t.TAG_TRIGGER: Trigger.SCHEDULE,
     t.TAG_DUE: "2026-11-30T22:45:00Z",
 }
 LATER = DUE + timedelta(minutes=3)
@@ -641,8 +642,8 @@ def test_a_dead_owner_that_dagster_retries_leaves_the_entry_retrying_with_its_er
     after = ledger.get(entry.id)
     assert after is not None
     assert (after.status, after.failure_kind, after.lease_owner) == (
-        t.STATUS_RETRYING,
-        t.FAILURE_TIMEOUT,
+        Status.RETRYING,
+        FailureKind.TIMEOUT,
         None,
     )
     assert "run-x" in (after.error or "") and "max runtime" in (after.error or "")
@@ -657,8 +658,8 @@ def test_a_dead_owner_that_dagster_will_not_retry_fails_the_entry_once(ledger):
     after = ledger.get(entry.id)
     assert after is not None
     assert (after.status, after.failure_kind, after.attempt) == (
-        t.STATUS_FAILED,
-        t.FAILURE_ERROR,
+        Status.FAILED,
+        FailureKind.ERROR,
         1,
     )
     assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
@@ -672,7 +673,7 @@ def test_a_retrying_entry_whose_retry_will_not_come_is_failed_keeping_its_error(
     assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.FAIL_FINAL
     after = ledger.get(entry.id)
     assert after is not None
-    assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
+    assert (after.status, after.error) == (Status.FAILED, "ValueError: bad row")
 
 
 def test_a_duplicate_that_died_before_claiming_is_traced_on_the_entry_once(ledger):
@@ -682,7 +683,7 @@ def test_a_duplicate_that_died_before_claiming_is_traced_on_the_entry_once(ledge
     done = reconcile_run(ledger, TAGS, outcome, {}, now=LATER)
     assert done.action is Action.TRACE_DUPLICATE
     after = ledger.get(entry.id)
-    assert after is not None and after.status == t.STATUS_SUCCESS
+    assert after is not None and after.status == Status.SUCCESS
     (traced,) = after.summary["late_job_rejections"]
     assert traced["run_id"] == "run-x" and "duplicate" in traced["reason"]
     assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
@@ -693,7 +694,7 @@ def test_a_run_that_never_reached_the_ledger_creates_a_dispatch_failed_entry_onc
     outcome = RunOutcome("run-x", "FAILURE", will_retry=True, message="START_TIMEOUT")
     done = reconcile_run(ledger, TAGS, outcome, {"strict_task": 2}, now=LATER)
     assert done.action is Action.DISPATCH_FAILED and done.entry is not None
-    assert (done.entry.status, done.entry.max_attempts) == (t.STATUS_DISPATCH_FAILED, 2)
+    assert (done.entry.status, done.entry.max_attempts) == (Status.DISPATCH_FAILED, 2)
     assert done.entry.due == DUE
     assert reconcile_run(ledger, TAGS, outcome, {}, now=LATER).action is Action.NONE
     assert len(ledger.get(done.entry.id).summary["dispatch_failures"]) == 1
@@ -712,7 +713,7 @@ def _owner_killed_after_claiming(
     try:
         wait_for(
             "the worker's claim",
-            lambda: [e for e in ledger_env.entries("slow_task") if e.status == t.STATUS_RUNNING],
+            lambda: [e for e in ledger_env.entries("slow_task") if e.status == Status.RUNNING],
         )
     finally:
         worker.kill()
@@ -748,9 +749,9 @@ def test_a_run_ended_by_max_runtime_is_retried_as_the_next_attempt_of_its_entry(
         run_sensor_tick(ctx, over + timedelta(minutes=1))  # the outcome sensor: nothing left
 
     entry = ledger_env.entries("slow_task")[0]
-    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 2)
+    assert (entry.status, entry.attempt) == (Status.SUCCESS, 2)
     assert list(entry.run_ids) == [run.run_id, retry.run_id]
-    assert entry.failure_kind == t.FAILURE_TIMEOUT  # the first attempt's, kept
+    assert entry.failure_kind == FailureKind.TIMEOUT  # the first attempt's, kept
     assert run.run_id in (entry.error or "")
     assert entry.summary["late_job_rejections"] == []
 
@@ -784,7 +785,7 @@ def test_a_retry_whose_parent_died_before_claiming_takes_over_from_the_owner_abo
         assert worker.wait(timeout=90) == 0
 
     entry = ledger_env.entries("slow_task")[0]
-    assert (entry.status, entry.attempt) == (t.STATUS_SUCCESS, 2)
+    assert (entry.status, entry.attempt) == (Status.SUCCESS, 2)
     assert list(entry.run_ids) == [run.run_id, second_retry.run_id]
     assert f"its automatic retry {second_retry.run_id} takes over" in (entry.error or "")
     assert entry.summary["late_job_rejections"] == []
@@ -807,14 +808,14 @@ def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retry
         ledger.fail(entry.id, run.run_id, error="ValueError: bad row", now=LATER)
 
         assert settle_abandoned_retries(instance, ledger, views, LATER) == []
-        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        assert ledger.get(entry.id).status == Status.RETRYING  # type: ignore[union-attr]
 
         instance.add_run_tags(run.run_id, {t.DAGSTER_WILL_RETRY: "false"})
         (done,) = settle_abandoned_retries(instance, ledger, views, LATER)
         assert done.action is Action.FAIL_FINAL
         after = ledger.get(entry.id)
         assert after is not None
-        assert (after.status, after.error) == (t.STATUS_FAILED, "ValueError: bad row")
+        assert (after.status, after.error) == (Status.FAILED, "ValueError: bad row")
         assert settle_abandoned_retries(instance, ledger, views, LATER) == []
 
 
@@ -915,7 +916,7 @@ def test_a_retry_chain_ending_in_a_refused_run_does_not_leave_the_entry_retrying
         (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, LATER)
         assert done.action is Action.DISPATCH_FAILED
         after = ledger.get(entry.id)
-        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
+        assert after is not None and after.status == Status.DISPATCH_FAILED
         (failure,) = after.summary["dispatch_failures"]
         assert failure["run_id"] == refused.run_id
         assert "was refused by the ledger without claiming" in failure["error"]
@@ -932,14 +933,14 @@ def test_a_retry_dagster_announced_and_never_created_fails_the_entry_after_the_g
 
         soon = ended + RETRY_LOST_AFTER - timedelta(seconds=5)
         assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, soon) == []
-        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        assert ledger.get(entry.id).status == Status.RETRYING  # type: ignore[union-attr]
 
         late = ended + RETRY_LOST_AFTER
         (done,) = settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late)
         assert (done.action, done.run_id) == (Action.FAIL_FINAL, run.run_id)
         after = ledger.get(entry.id)
         assert after is not None
-        assert (after.status, after.error) == (t.STATUS_FAILED, "killed worker")
+        assert (after.status, after.error) == (Status.FAILED, "killed worker")
         assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late) == []
 
 
@@ -957,7 +958,7 @@ def test_a_created_retry_keeps_the_entry_waiting_however_late(ledger):
         assert retry.status == dg.DagsterRunStatus.NOT_STARTED  # created, not yet launched
         late = ended + 10 * RETRY_LOST_AFTER
         assert settle_abandoned_retries(instance, ledger, _STRICT_VIEWS, late) == []
-        assert ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        assert ledger.get(entry.id).status == Status.RETRYING  # type: ignore[union-attr]
 
 
 def test_a_lost_retry_of_a_retry_that_died_before_claiming_makes_the_entry_dispatch_failed(
@@ -979,7 +980,7 @@ def test_a_lost_retry_of_a_retry_that_died_before_claiming_makes_the_entry_dispa
         )
         assert (done.action, done.run_id) == (Action.DISPATCH_FAILED, retry.run_id)
         after = ledger.get(entry.id)
-        assert after is not None and after.status == t.STATUS_DISPATCH_FAILED
+        assert after is not None and after.status == Status.DISPATCH_FAILED
         assert after.dispatch_failure_run_ids == {retry.run_id}
         (failure,) = after.summary["dispatch_failures"]
         assert "the retry was lost" in failure["error"]
@@ -1008,14 +1009,14 @@ def test_a_retry_the_retry_daemon_passed_over_does_not_leave_the_entry_waiting(
         assert task_runs(instance, "strict_task") == [failed]  # Dagster never retries it
 
         run_sensor_tick(ctx, died + timedelta(seconds=10))  # the outcome sensor: an attempt
-        assert ledger_env.ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        assert ledger_env.ledger.get(entry.id).status == Status.RETRYING  # type: ignore[union-attr]
         run_sensor_tick(ctx, died + RETRY_LOST_AFTER - timedelta(seconds=5))
-        assert ledger_env.ledger.get(entry.id).status == t.STATUS_RETRYING  # type: ignore[union-attr]
+        assert ledger_env.ledger.get(entry.id).status == Status.RETRYING  # type: ignore[union-attr]
 
         run_sensor_tick(ctx, died + RETRY_LOST_AFTER + timedelta(seconds=30))
         after = ledger_env.ledger.get(entry.id)
         assert after is not None
-        assert (after.status, list(after.run_ids)) == (t.STATUS_FAILED, [run.run_id])
+        assert (after.status, list(after.run_ids)) == (Status.FAILED, [run.run_id])
         assert run.run_id in (after.error or "")
 
 
@@ -1054,7 +1055,7 @@ def test_a_ui_run_that_failed_before_claiming_is_a_dispatch_failed_entry_not_inv
         _cursor, done = reconcile_events(instance, ledger, views, None, utc_now())
 
     entry = ledger.find("ui_task", f"manual:{run.run_id}")
-    assert entry is not None and entry.status == t.STATUS_DISPATCH_FAILED
+    assert entry is not None and entry.status == Status.DISPATCH_FAILED
     assert entry.operator == "dagster-ui"
     assert entry.dispatch_failure_run_ids == {run.run_id}
     assert [d.action for d in done] == [Action.DISPATCH_FAILED]

@@ -23,6 +23,7 @@ from resources.core import alerting as a
 from resources.core import tags as t
 from resources.core.deadlines import ACTION_DEADLINE_MISSED
 from resources.core.due import Due
+from resources.core.entry import Status, Trigger
 from resources.core.plans import EverySlots
 from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger
@@ -87,13 +88,13 @@ def test_a_paused_task_runs_no_due_and_each_due_is_recorded_skipped(world: World
     assert "paused by alice: db migration" in _schedule_said(world)
     run_sensor_tick(world.ctx, world.at(0) + timedelta(minutes=1))
     written = ledger.find(key, Due(world.at(0)).key)
-    assert written is not None and written.status == t.STATUS_SKIPPED
+    assert written is not None and written.status == Status.SKIPPED
     assert written.error == pause.skip_reason == "paused by alice: db migration"
     # A run that reaches a paused due anyway (a sensor's, created before the pause was seen)
     # ends CANCELED, its entry skipped for the pause.
     late = world.ui_launch(
         {
-            t.TAG_TRIGGER: t.TRIGGER_SENSOR,
+            t.TAG_TRIGGER: Trigger.SENSOR,
             t.TAG_DUE: Due(world.at(1)).text,
             t.DAGSTER_SENSOR_NAME: "deadline_task_redispatch_sensor",
         }
@@ -124,7 +125,7 @@ def test_a_schedule_stopped_in_the_ui_is_a_pause_by_dagster_ui(world: World) -> 
     assert world.tick(1) == []  # a stopped schedule ticks nothing at all
     run_sensor_tick(world.ctx, world.at(1) + timedelta(minutes=1))
     entry = ledger.find(key, Due(world.at(1)).key)
-    assert entry is not None and entry.status == t.STATUS_SKIPPED
+    assert entry is not None and entry.status == Status.SKIPPED
     assert entry.error == "paused by dagster-ui: schedule deadline_task_schedule stopped in Dagster"
 
 
@@ -138,7 +139,7 @@ def test_pause_after_failures_pauses_once_with_one_alert(
         run = world.due(slot)
         world.start(run).join(timeout=60)
         failed.append(ledger.find(key, Due(world.at(slot)).key))
-    assert [e.status for e in failed if e] == [t.STATUS_FAILED, t.STATUS_FAILED]
+    assert [e.status for e in failed if e] == [Status.FAILED, Status.FAILED]
     run_sensor_tick(world.ctx, world.at(1) + timedelta(minutes=1))
     (pause,) = ledger.open_pauses(key)
     assert pause.by == "dueledger" and pause.source == "pause_after_failures"
@@ -167,7 +168,7 @@ def test_a_missed_deadline_alerts_once_and_fails_the_check(
     (world.directory / "fail").touch()
     world.start(world.due(1)).join(timeout=60)
     late = ledger.find(key, Due(world.at(1)).key)
-    assert late is not None and late.status == t.STATUS_FAILED
+    assert late is not None and late.status == Status.FAILED
     past = world.at(1) + timedelta(minutes=21)  # due 1's deadline has passed
     run_sensor_tick(world.ctx, past)
     run_sensor_tick(world.ctx, past + SENSOR_GAP)

@@ -34,6 +34,7 @@ from orchestration.cli import main
 from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
 from resources.core import tags as t
 from resources.core.due import floor_to_slot
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import RunLedger, dedup_key_for_due
 
 TTL = timedelta(seconds=2)  # sleepy_task's lease (tests/fixtures/ledger_defs.py)
@@ -64,7 +65,7 @@ def sleepy(ledger_env: LedgerEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[d
             wait_for(
                 "the worker's claim",
                 lambda: [
-                    e for e in ledger_env.entries("sleepy_task") if e.status == t.STATUS_RUNNING
+                    e for e in ledger_env.entries("sleepy_task") if e.status == Status.RUNNING
                 ],
             )
             # Frozen or killed only once it waits: frozen mid-write it would hold a lock on
@@ -94,11 +95,11 @@ def test_a_killed_worker_loses_its_entry_after_the_ttl_and_nothing_runs_again(
 
     run_sensor_tick(ctx, killed_at)  # within the TTL of the last heartbeat: kept
     (entry,) = ledger_env.entries("sleepy_task")
-    assert (entry.status, entry.lease_owner) == (t.STATUS_RUNNING, run.run_id)
+    assert (entry.status, entry.lease_owner) == (Status.RUNNING, run.run_id)
 
     run_sensor_tick(ctx, killed_at + SENSOR_INTERVAL)  # well past the TTL
     (entry,) = ledger_env.entries("sleepy_task")
-    assert (entry.status, entry.failure_kind) == (t.STATUS_FAILED, t.FAILURE_LEASE_RECLAIMED)
+    assert (entry.status, entry.failure_kind) == (Status.FAILED, FailureKind.LEASE_RECLAIMED)
     assert entry.attempt == 1 and list(entry.run_ids) == [run.run_id]
     (alert,) = _alerts(caplog, ALERT_KIND)
     assert (alert["task"], alert["entry_id"], alert["run_id"]) == (
@@ -134,7 +135,7 @@ def test_a_frozen_worker_that_completes_after_the_reclaim_is_rejected_and_traced
     (alert,) = wait_for("the lease to expire", reclaimed_by_cli, timeout=30)
     assert (alert["task"], alert["run_id"]) == ("sleepy_task", run.run_id)
     (entry,) = ledger_env.entries("sleepy_task")
-    assert entry.failure_kind == t.FAILURE_LEASE_RECLAIMED
+    assert entry.failure_kind == FailureKind.LEASE_RECLAIMED
 
     (ledger_env.tmp / "release").touch()  # its work is done...
     os.killpg(worker.pid, signal.SIGCONT)  # ...and it wakes up to report success
@@ -142,8 +143,8 @@ def test_a_frozen_worker_that_completes_after_the_reclaim_is_rejected_and_traced
 
     (after,) = ledger_env.entries("sleepy_task")
     assert (after.status, after.failure_kind, after.error) == (
-        t.STATUS_FAILED,
-        t.FAILURE_LEASE_RECLAIMED,
+        Status.FAILED,
+        FailureKind.LEASE_RECLAIMED,
         entry.error,
     )
     late = [r for r in after.summary["late_job_rejections"] if r["run_id"] == run.run_id]
@@ -176,7 +177,7 @@ def expired(
     ):
         entry = ledger.ensure_entry(
             task_key="order_cleanup",
-            trigger=t.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key=dedup_key_for_due(due),
             now=claimed_at,
         )
@@ -197,7 +198,7 @@ def test_reclaim_dry_run_lists_the_expired_lease_and_changes_nothing(expired):
     (item,) = data["reclaims"]
     assert (item["entry_id"], item["run_id"], item["reclaimed"]) == (stale, f"run-{stale}", False)
     assert item["overdue_seconds"] >= 45 * 60  # expired 50 minutes before "now"
-    assert ledger.get(stale).status == t.STATUS_RUNNING
+    assert ledger.get(stale).status == Status.RUNNING
 
 
 def test_reclaim_fails_the_expired_lease_with_one_alert_line_and_no_run(expired):
@@ -212,10 +213,10 @@ def test_reclaim_fails_the_expired_lease_with_one_alert_line_and_no_run(expired)
     reclaimed, running = ledger.get(stale), ledger.get(live)
     assert reclaimed is not None and running is not None
     assert (reclaimed.status, reclaimed.failure_kind) == (
-        t.STATUS_FAILED,
-        t.FAILURE_LEASE_RECLAIMED,
+        Status.FAILED,
+        FailureKind.LEASE_RECLAIMED,
     )
-    assert running.status == t.STATUS_RUNNING
+    assert running.status == Status.RUNNING
     again = CliRunner().invoke(main, ["reclaim", "--json"])
     assert json.loads(again.output)["count"] == 0
 
@@ -224,4 +225,4 @@ def test_a_lease_renewed_by_a_heartbeat_is_not_reclaimed(expired):
     ledger, stale, _ = expired
     ledger.heartbeat(stale, f"run-{stale}", lease_ttl=timedelta(hours=2))
     assert reclaim_leases(ledger, datetime.now(UTC)) == []
-    assert ledger.get(stale).status == t.STATUS_RUNNING
+    assert ledger.get(stale).status == Status.RUNNING

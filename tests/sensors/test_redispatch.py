@@ -24,6 +24,7 @@ from sensor_support import LedgerEnv, target, task_runs
 
 from resources.core import tags as t
 from resources.core.due import Due
+from resources.core.entry import Status, Trigger
 from resources.core.redispatch import REDISPATCH_STATUSES
 from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger
@@ -46,7 +47,7 @@ VIEWS = build_views([_spec("alpha"), _spec("beta"), _spec("gamma")], 15, "UTC")
 
 def _failed_dispatch(ledger: RunLedger, task: str, due: datetime, *, failures: int = 1):
     entry = ledger.ensure_entry(
-        task_key=task, trigger=t.TRIGGER_SCHEDULE, dedup_key=Due(due).key, due=due, now=due
+        task_key=task, trigger=Trigger.SCHEDULE, dedup_key=Due(due).key, due=due, now=due
     )
     for n in range(failures):
         if n:
@@ -81,10 +82,10 @@ def test_one_sensor_redispatches_each_task_of_the_slot_with_a_key_naming_the_tas
     }
     for request in result.run_requests or []:
         assert request.tags[t.TAG_DUE] == "2026-11-30T22:45:00Z"
-        assert request.tags[t.TAG_TRIGGER] == t.TRIGGER_SENSOR
-    assert ledger.get(alpha.id).status == ledger.get(beta.id).status == t.STATUS_QUEUED
+        assert request.tags[t.TAG_TRIGGER] == Trigger.SENSOR
+    assert ledger.get(alpha.id).status == ledger.get(beta.id).status == Status.QUEUED
     statuses = {e.task_key: e.status for e in ledger.list_entries(limit=10)[0]}
-    assert statuses["gamma"] == statuses["not_here"] == t.STATUS_DISPATCH_FAILED
+    assert statuses["gamma"] == statuses["not_here"] == Status.DISPATCH_FAILED
 
     # Evaluated again (a tick whose requests were lost): the same keys, no new failure.
     again = _evaluate(ledger, IN_SLOT + timedelta(minutes=2))
@@ -116,13 +117,13 @@ def test_the_slot_read_returns_only_that_due_and_those_statuses(ledger):
     wanted = _failed_dispatch(ledger, "alpha", DUE)
     _failed_dispatch(ledger, "beta", DUE - timedelta(minutes=15))
     done = ledger.ensure_entry(
-        task_key="gamma", trigger=t.TRIGGER_SCHEDULE, dedup_key=Due(DUE).key, due=DUE, now=DUE
+        task_key="gamma", trigger=Trigger.SCHEDULE, dedup_key=Due(DUE).key, due=DUE, now=DUE
     )
     ledger.claim(done.id, "run-g", lease_ttl=timedelta(minutes=5), now=DUE)
     manual = ledger.ensure_entry(
-        task_key="alpha", trigger=t.TRIGGER_MANUAL, dedup_key="manual:r1", due=DUE, now=DUE
+        task_key="alpha", trigger=Trigger.MANUAL, dedup_key="manual:r1", due=DUE, now=DUE
     )
-    assert manual.status == t.STATUS_QUEUED  # queued, this due, but not the due's key
+    assert manual.status == Status.QUEUED  # queued, this due, but not the due's key
     found = ledger.entries_of_due(Due(DUE), REDISPATCH_STATUSES)
     assert [e.id for e in found] == [wanted.id]
     with pytest.raises(ValueError, match="statuses must name"):
@@ -184,4 +185,4 @@ def test_two_tasks_failing_at_one_due_are_both_redispatched_by_the_real_daemon(
             assert again.job_name == f"{task}_job"
             assert again.status == dg.DagsterRunStatus.STARTING  # launched
             (entry,) = ledger_env.entries(task)
-            assert (entry.status, entry.dedup_key) == (t.STATUS_QUEUED, "due:2026-11-30T22:45:00Z")
+            assert (entry.status, entry.dedup_key) == (Status.QUEUED, "due:2026-11-30T22:45:00Z")

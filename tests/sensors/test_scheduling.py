@@ -32,8 +32,8 @@ from orchestration.services.accounting import (
 from orchestration.services.audit import audit_tasks
 from orchestration.services.scheduling import sync_schedules
 from orchestration.services.summary import ledger_summary
-from resources.core import tags as t
 from resources.core.due import format_due
+from resources.core.entry import Trigger
 from resources.core.operators import UI_OPERATOR
 from resources.core.plans import EverySlots
 from resources.core.registry import TaskSpec, build_views
@@ -56,7 +56,7 @@ def at(hh: int, mm: int) -> datetime:
     return DAY.replace(hour=hh, minute=mm)
 
 
-def ran(ledger: RunLedger, due: datetime, trigger: str = t.TRIGGER_SCHEDULE) -> None:
+def ran(ledger: RunLedger, due: datetime, trigger: str = Trigger.SCHEDULE) -> None:
     entry = ledger.ensure_entry(
         task_key=SPEC.key, trigger=trigger, dedup_key=dedup_key_for_due(due), due=due, now=due
     )
@@ -90,7 +90,7 @@ def fresh_start(ledger: RunLedger) -> Case:
         SPEC.key, SPEC.schedule_name, running=True, started_at=at(14, 53), now=at(14, 53)
     )
     manual = ledger.ensure_entry(
-        task_key=SPEC.key, trigger=t.TRIGGER_MANUAL, dedup_key="manual:first", now=at(14, 55)
+        task_key=SPEC.key, trigger=Trigger.MANUAL, dedup_key="manual:first", now=at(14, 55)
     )
     assert ledger.claim(manual.id, "run-manual", lease_ttl=SLOT, now=at(14, 55)).claimed
     return Case(at(15, 7), [], [], STATE_NEW, True)
@@ -130,7 +130,7 @@ def catch_up(ledger: RunLedger) -> Case:
     for due in dues(at(10, 0), at(12, 0)):
         ran(ledger, due)
     for due in dues(at(12, 0), at(13, 0)):
-        ran(ledger, due, trigger=t.TRIGGER_SENSOR)
+        ran(ledger, due, trigger=Trigger.SENSOR)
     return Case(at(13, 7), [], [], STATE_SUCCESS, True)
 
 

@@ -30,6 +30,7 @@ from sensor_support import fixture_module, target, utc_now
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER
 from resources.core import alerting as a
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Trigger
 from resources.ledger import RunLedger, dedup_key_for_due
 from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor
@@ -61,7 +62,7 @@ def _expired_lease(ledger: RunLedger, now: datetime):
     due = now - timedelta(minutes=15)
     entry = ledger.ensure_entry(
         task_key="sleepy_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due.replace(second=0, microsecond=0)),
         now=due,
     )
@@ -91,7 +92,7 @@ def test_a_reclaim_alert_survives_both_channels_down_and_is_delivered_once_when_
         assert "reclaimed 1 expired lease" in (tick.skip_reason or "")
         assert "alert deliveries: 0 delivered, 2 failed" in (tick.skip_reason or "")
         after = ledger.get(entry.id)
-        assert after is not None and after.failure_kind == t.FAILURE_LEASE_RECLAIMED
+        assert after is not None and after.failure_kind == FailureKind.LEASE_RECLAIMED
         failed = {r.channel: r for r in ledger.list_alert_deliveries()}
         assert {c: (r.status, r.attempts) for c, r in failed.items()} == {
             "webhook": (a.DELIVERY_FAILED, 1),
@@ -138,7 +139,7 @@ def test_a_slot_health_report_repeated_for_its_slot_is_delivered_once(
     due = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
     entry = ledger.ensure_entry(
         task_key="strict_task",
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         dedup_key=dedup_key_for_due(due),
         now=due,
     )
@@ -156,7 +157,7 @@ def test_a_slot_health_report_repeated_for_its_slot_is_delivered_once(
 
 # --- the outcome sensor: dispatch failures and lost retries ------------------------------------
 
-_TAGS = {t.TAG_TASK: "strict_task", t.TAG_TRIGGER: t.TRIGGER_SCHEDULE}
+_TAGS = {t.TAG_TASK: "strict_task", t.TAG_TRIGGER: Trigger.SCHEDULE}
 
 
 def _failed_run(
@@ -190,7 +191,7 @@ def test_a_dispatch_failure_and_a_lost_retry_each_alert_once(
         lost = _failed_run(instance, "2026-11-30T23:00:00Z", will_retry=True)
         entry = ledger.ensure_entry(
             task_key="strict_task",
-            trigger=t.TRIGGER_SCHEDULE,
+            trigger=Trigger.SCHEDULE,
             dedup_key="due:2026-11-30T23:00:00Z",
             max_attempts=3,
             now=now - timedelta(minutes=10),

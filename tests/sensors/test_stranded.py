@@ -16,7 +16,7 @@ from sensor_support import LedgerEnv, target, utc_now
 from orchestration.cli import main
 from orchestration.services.launch import manual_run_id
 from orchestration.services.stranded import STRANDED_AFTER
-from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import Entry, dedup_key_for_request, dedup_key_for_retry
 
 TASK = "sleepy_task"  # the task of tests/fixtures/ledger_defs.py's lease_defs
@@ -36,7 +36,7 @@ def _manual(env: LedgerEnv, request_id: str, age: timedelta, attempts: int = 3) 
     return env.ledger.ensure_entry(
         max_attempts=attempts,
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL,
+        trigger=Trigger.MANUAL,
         dedup_key=dedup_key_for_request(request_id),
         operator="ops",
         reason="lost launch",
@@ -54,13 +54,11 @@ def test_a_launch_whose_run_was_never_created_is_recorded_with_its_redo(
     # A retry committed (parent stamped, child recorded) whose launch never happened.
     parent = _manual(ledger_env, "req-parent", old + timedelta(minutes=5), attempts=1)
     assert ledger_env.ledger.claim(parent.id, "run-p", lease_ttl=timedelta(minutes=1)).claimed
-    ledger_env.ledger.fail(parent.id, "run-p", error="boom", kind=t.FAILURE_TIMEOUT)
-    assert ledger_env.ledger.mark_manual_retry(
-        parent.id, operator="ops", statuses=(t.STATUS_FAILED,)
-    )
+    ledger_env.ledger.fail(parent.id, "run-p", error="boom", kind=FailureKind.TIMEOUT)
+    assert ledger_env.ledger.mark_manual_retry(parent.id, operator="ops", statuses=(Status.FAILED,))
     child = ledger_env.ledger.ensure_entry(
         task_key=TASK,
-        trigger=t.TRIGGER_MANUAL_RETRY,
+        trigger=Trigger.MANUAL_RETRY,
         dedup_key=dedup_key_for_retry(parent.id),
         parent_id=parent.id,
         operator="ops",
@@ -78,16 +76,16 @@ def test_a_launch_whose_run_was_never_created_is_recorded_with_its_redo(
         run_sensor_tick(ctx, utc_now())
         after = {e.id: e for e in ledger_env.entries(TASK)}
         for entry_id in (lost.id, child.id):
-            assert after[entry_id].status == t.STATUS_DISPATCH_FAILED
-            assert after[entry_id].failure_kind == t.FAILURE_DISPATCH
+            assert after[entry_id].status == Status.DISPATCH_FAILED
+            assert after[entry_id].failure_kind == FailureKind.DISPATCH
             assert after[entry_id].run_ids == ()
             (failure,) = after[entry_id].summary["dispatch_failures"]
             assert "no Dagster run was created" in failure["error"]
         assert "--request-id req-lost" in (after[lost.id].error or "")
         assert f"runs retry {parent.id} --operator" in (after[child.id].error or "")
-        assert after[young.id].status == t.STATUS_QUEUED
-        assert after[launched.id].status == t.STATUS_QUEUED
-        assert after[parent.id].status == t.STATUS_FAILED
+        assert after[young.id].status == Status.QUEUED
+        assert after[launched.id].status == Status.QUEUED
+        assert after[parent.id].status == Status.FAILED
 
         # A later tick changes nothing more: a recorded failure is not recorded twice.
         run_sensor_tick(ctx, utc_now() + timedelta(seconds=31))
@@ -105,10 +103,10 @@ def test_dueledger_reclaim_sweeps_them_too_and_dry_run_changes_nothing(
     assert dry.exit_code == 0, dry.output
     (item,) = json.loads(dry.stdout)["stranded"]
     assert (item["entry_id"], item["dedup_key"]) == (lost.id, "manual:req-cli")
-    assert ledger_env.ledger.get(lost.id).status == t.STATUS_QUEUED  # type: ignore[union-attr]
+    assert ledger_env.ledger.get(lost.id).status == Status.QUEUED  # type: ignore[union-attr]
     done = CliRunner().invoke(main, ["reclaim", "--json"])
     assert done.exit_code == 0, done.output
     assert [s["entry_id"] for s in json.loads(done.stdout)["stranded"]] == [lost.id]
-    assert ledger_env.ledger.get(lost.id).status == t.STATUS_DISPATCH_FAILED  # type: ignore[union-attr]
+    assert ledger_env.ledger.get(lost.id).status == Status.DISPATCH_FAILED  # type: ignore[union-attr]
     again = CliRunner().invoke(main, ["reclaim", "--json"])
     assert json.loads(again.stdout)["stranded"] == []

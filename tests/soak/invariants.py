@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status
 from resources.core.requests import is_retry_of_a_dispatch_failure
 from resources.ledger import Entry, dedup_key_for_due
 from resources.source_schema import naive_utc
@@ -142,10 +143,10 @@ def check(record: SoakRecord) -> list[str]:
 
     # 2. + 3. one outcome per due, and no failure without a kill
     for entry in entries.values():
-        if entry.status not in (t.STATUS_SUCCESS, t.STATUS_FAILED, t.STATUS_DISPATCH_FAILED):
+        if entry.status not in (Status.SUCCESS, Status.FAILED, Status.DISPATCH_FAILED):
             problems.append(f"entry {entry.id} {entry.label} left {entry.status}")
             continue
-        if entry.status != t.STATUS_SUCCESS and not (_failing_runs(entry) & record.killed):
+        if entry.status != Status.SUCCESS and not (_failing_runs(entry) & record.killed):
             problems.append(
                 f"entry {entry.id} {entry.label} {entry.status} ({entry.failure_kind}) "
                 f"but none of its runs {sorted(_failing_runs(entry))} was killed"
@@ -186,7 +187,7 @@ def check(record: SoakRecord) -> list[str]:
     in_outbox = Counter(_key(d.rule, d.object_id, d.time_point, d.channel) for d in record.outbox)
     effect_by_key = {_delivery_key(e): e for e in record.effects}
     for (task, dedup), entry in sorted(entries.items()):
-        if entry.status != t.STATUS_SUCCESS or dedup not in due_of:
+        if entry.status != Status.SUCCESS or dedup not in due_of:
             continue
         point = naive_utc(due_of[dedup])
         for number in range(record.messages):
@@ -206,7 +207,7 @@ def check(record: SoakRecord) -> list[str]:
 
     # 6. every reclaim traced
     for entry in entries.values():
-        if entry.failure_kind != t.FAILURE_LEASE_RECLAIMED:
+        if entry.failure_kind != FailureKind.LEASE_RECLAIMED:
             continue
         owner = entry.run_ids[-1] if entry.run_ids else ""
         if owner not in record.killed:
@@ -223,10 +224,10 @@ def outcome_counts(record: SoakRecord) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for entry in record.entries:
         label = entry.status
-        if entry.failure_kind and entry.status != t.STATUS_SUCCESS:
+        if entry.failure_kind and entry.status != Status.SUCCESS:
             label = f"{entry.status}:{entry.failure_kind}"
         counts[label] += 1
-        if entry.status == t.STATUS_SUCCESS and entry.attempt > 1:
+        if entry.status == Status.SUCCESS and entry.attempt > 1:
             counts["success_after_retry"] += 1
     return dict(sorted(counts.items()))
 

@@ -18,6 +18,7 @@ from invariants import (
 )
 
 from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, dedup_key_for_due
 
 DUE = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
@@ -30,11 +31,11 @@ def _entry(entry_id: int = 1, **changes: object) -> Entry:
     base = Entry(
         id=entry_id,
         task_key=TASK,
-        trigger=t.TRIGGER_SCHEDULE,
+        trigger=Trigger.SCHEDULE,
         origin="due",
         dedup_key=dedup_key_for_due(DUE),
         due=DUE,
-        status=t.STATUS_SUCCESS,
+        status=Status.SUCCESS,
         attempt=1,
         max_attempts=3,
         parent_id=None,
@@ -83,8 +84,8 @@ def _clean() -> SoakRecord:
 
 def _reclaimed(record: SoakRecord, *, killed: bool, alert: bool) -> SoakRecord:
     entry = _entry(
-        status=t.STATUS_FAILED,
-        failure_kind=t.FAILURE_LEASE_RECLAIMED,
+        status=Status.FAILED,
+        failure_kind=FailureKind.LEASE_RECLAIMED,
         error="lease of run run-a expired at ...; not re-run automatically",
     )
     record.entries = [entry]
@@ -132,9 +133,9 @@ def test_each_broken_promise_is_reported(breakage: str, expected: str):
     elif breakage == "double schedule run":
         record.runs = [*record.runs, dataclasses.replace(record.runs[0], run_id="run-b")]
     elif breakage == "hanging entry":
-        record.entries = [_entry(status=t.STATUS_RUNNING, lease_owner="run-a")]
+        record.entries = [_entry(status=Status.RUNNING, lease_owner="run-a")]
     elif breakage == "failure without kill":
-        record.entries = [_entry(status=t.STATUS_FAILED, failure_kind=t.FAILURE_ERROR)]
+        record.entries = [_entry(status=Status.FAILED, failure_kind=FailureKind.ERROR)]
     elif breakage == "double email":
         record.deliveries = [*record.deliveries, record.deliveries[0]]
     elif breakage == "double sms":
@@ -166,8 +167,8 @@ def test_each_broken_promise_is_reported(breakage: str, expected: str):
 def _dispatch_failed() -> Entry:
     item = {"at": "2026-12-01T03:00:10.000000Z", "error": "killed", "run_id": "run-a"}
     return _entry(
-        status=t.STATUS_DISPATCH_FAILED,
-        failure_kind=t.FAILURE_DISPATCH,
+        status=Status.DISPATCH_FAILED,
+        failure_kind=FailureKind.DISPATCH,
         attempt=0,
         run_ids=(),
         summary={SUMMARY_DISPATCH_FAILURES: [item]},

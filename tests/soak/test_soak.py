@@ -59,6 +59,7 @@ from orchestration.services.dagster_runs import RetryState, dagster_retry_state
 from orchestration.services.reclaim import ALERT_KIND
 from orchestration.services.summary import all_entries
 from resources.core import tags as t
+from resources.core.entry import Status
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.idempotency import notification_outbox, side_effects
 from resources.ledger import Entry, RunLedger
@@ -360,12 +361,12 @@ def _settled(
         return False
     if len(entries) < len(SPECS) * len(dues):
         return False
-    open_statuses = (t.STATUS_QUEUED, t.STATUS_RUNNING, t.STATUS_RETRYING)
+    open_statuses = (Status.QUEUED, Status.RUNNING, Status.RETRYING)
     if any(e.status in open_statuses for e in entries):
         return False
     # A dispatch_failed entry may still be re-dispatched until its slot ends.
     last_slot_end = dues[-1] + timedelta(minutes=1)
-    return _now() >= last_slot_end or not any(e.status == t.STATUS_DISPATCH_FAILED for e in entries)
+    return _now() >= last_slot_end or not any(e.status == Status.DISPATCH_FAILED for e in entries)
 
 
 def _unsettled(
