@@ -214,7 +214,7 @@ def health_materialization(url: str, entries: int, rounds: int, now: datetime) -
             due = floor_to_slot(now, 15) + n * slot  # dues the ledger does not have yet
             tags = {
                 t.TAG_TASK: "ledger_health",
-                t.TAG_TRIGGER: Trigger.SCHEDULE,
+                t.TAG_TRIGGER: Trigger.SCHEDULE.value,
                 t.TAG_DUE: format_due(due),
                 t.DAGSTER_SCHEDULE_NAME: "ledger_health_schedule",
             }

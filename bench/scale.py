@@ -375,7 +375,7 @@ def drain_rows(sizes: Sequence[int], runs: int, work: Path) -> list[Row]:
     import drain  # bench/drain.py: imported here, only this part starts its daemons
 
     from orchestration.services.manual import manual_tags
-    from resources.core.registry import Cron, TaskSpec
+    from orchestration.task_spec import Cron, TaskSpec
 
     rows: list[Row] = []
     results: list[list[drain.Drain]] = []
@@ -390,7 +390,6 @@ def drain_rows(sizes: Sequence[int], runs: int, work: Path) -> list[Row]:
                 key=g.key,
                 rule=Cron(g.cron),
                 declared_cadence=g.cadence,
-                asset=g.key,
                 source=f"plugin:{dist}",
             )
             for g in used

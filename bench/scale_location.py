@@ -80,7 +80,6 @@ def _task(key, cron, cadence):
         key=key,
         rule=Cron(cron),
         declared_cadence=cadence,
-        asset=key,
         timeout=timedelta(minutes=5),
         lease_ttl=timedelta(minutes=10),
     )

@@ -37,10 +37,10 @@ import dagster as dg
 import sqlalchemy as sa
 from ledger_queries import START, TASKS, TRIGGER_MIX, _row, _weighted
 
+from orchestration.task_spec import EverySlots, TaskSpec, build_views
 from resources.core import tags as t
 from resources.core.due import Due
 from resources.core.entry import FailureKind, Status, Trigger
-from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 from sensors import build_sensors
@@ -86,9 +86,7 @@ class SizeResult:
 
 
 def _views():
-    specs = [
-        TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot", asset=k) for k in TASKS
-    ]
+    specs = [TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot") for k in TASKS]
     return build_views(specs, SLOT_MINUTES, "UTC")
 
 
@@ -113,7 +111,7 @@ def _make_changes(
         job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name=f"{task}_job")
         tags = {
             t.TAG_TASK: task,
-            t.TAG_TRIGGER: Trigger.SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
             t.TAG_DUE: earlier.text,
         }
         run = instance.create_run_for_job(job, tags=tags)

@@ -62,9 +62,9 @@ from run import Row, write_json
 from orchestration.factory import build_task_definitions
 from orchestration.services import hooks
 from orchestration.services.hooks import Hooks
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger
 
 VARIANTS = ("plain", "dueledger")
@@ -100,7 +100,7 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
     specs = [
-        TaskSpec(key=task_key(i), rule=EverySlots(1), declared_cadence="every slot", asset=key)
+        TaskSpec(key=task_key(i), rule=EverySlots(1), declared_cadence="every slot")
         for i in range(n)
         for key in [task_key(i)]
     ]

@@ -27,8 +27,8 @@ from orchestration.services.ledger_checks import (
     evaluate_ledger_check,
     ledger_health_view,
 )
+from orchestration.task_spec import TaskView
 from resources.core.instants import utc_now
-from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 
 _LEDGER_CHECK_DESCRIPTIONS = {

@@ -14,15 +14,15 @@ import dagster as dg
 
 from orchestration.services.hooks import HookLog, Hooks
 from orchestration.services.scheduling import next_dues_text
-from resources.core import tags as t
-from resources.core.entry import Trigger
-from resources.core.plans import decide_tick
-from resources.core.registry import (
+from orchestration.task_spec import (
     DAILY_PARTITIONS_START,
     TaskView,
     partition_key_for,
     task_run_tags,
 )
+from orchestration.timetable import decide_tick
+from resources.core import tags as t
+from resources.core.entry import Trigger
 from resources.ledger import RunLedger
 
 #: The partitions of every task declared with ``partitions="daily"``: UTC days. The
@@ -115,7 +115,7 @@ def schedule_run_request(view: TaskView, scheduled_time) -> dg.RunRequest | dg.S
         return dg.SkipReason(decision.skip_reason)
     tags = {
         t.TAG_TASK: view.spec.key,
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: decision.due.text,
     }
     partition_key = partition_key_for(view.spec, decision.due)

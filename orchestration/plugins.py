@@ -37,9 +37,9 @@ from orchestration.services.hooks import (
 from orchestration.services.runtime import TaskRun
 from orchestration.services.task_plugins import PluginTask
 from orchestration.task_asset import task_asset
+from orchestration.task_spec import PARTITIONS_DAILY, TaskSpec
+from orchestration.timetable import Cron, EverySlots, NthSlotOfDay
 from resources.core.due import format_due
-from resources.core.plans import Cron, EverySlots, NthSlotOfDay
-from resources.core.registry import PARTITIONS_DAILY, TaskSpec
 
 __all__ = [
     "AFTER_TASK_CREATE",

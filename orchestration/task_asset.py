@@ -36,8 +36,7 @@ import dagster as dg
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, TaskRun, task_run
 from orchestration.services.task_plugins import registered_tasks
-from resources.core.policies import uses_task_pool
-from resources.core.registry import TaskSpec, find_task, require_task
+from orchestration.task_spec import TaskSpec, find_task, require_task
 from resources.ledger import RunLedger
 
 #: A task body: ``(context, run, **dagster_params)`` yielding its materialization.
@@ -91,7 +90,7 @@ class TaskAsset:
         # slot: later runs wait in the run queue); under skip, buffer_one and replace a second
         # run must start to be decided by the ledger, and ``allow`` runs side by side.
         declared = spec if spec is not None else find_task(registered_tasks(), task_key)
-        pool = task_key if declared is None or uses_task_pool(declared.overlap_policy) else None
+        pool = task_key if declared is None or declared.uses_task_pool else None
         return dg.asset(name=task_key, pool=pool, output_required=False, **self.asset_kwargs)(
             compute
         )

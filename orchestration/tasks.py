@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from resources.core.plans import Cron, EverySlots
-from resources.core.registry import PARTITIONS_DAILY, TaskSpec
+from orchestration.task_spec import PARTITIONS_DAILY, TaskSpec
+from orchestration.timetable import Cron, EverySlots
 
 TASKS: tuple[TaskSpec, ...] = (
     TaskSpec(
         key="order_cleanup",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset="order_cleanup",
         description="Cancel pending orders older than the configured age.",
         timeout=timedelta(minutes=5),
         lease_ttl=timedelta(minutes=10),
@@ -26,7 +25,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="service_lifecycle_maintenance",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset="service_lifecycle_maintenance",
         description=(
             "Suspend services at expiry; terminate suspended ones after the retention "
             "period counted from suspension (termination off by default)."
@@ -40,7 +38,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="billing_maintenance",
         rule=Cron("0 * * * *"),
         declared_cadence="hourly",
-        asset="billing_maintenance",
         description=(
             "Overdue-invoice reminders (1, 3, 5 days after due) and renewal notices (7, 3, "
             "1 days before expiry) on each customer's channels, once per time point and "
@@ -54,7 +51,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="service_auto_renew",
         rule=EverySlots(4),
         declared_cadence="every 4 slots",
-        asset="service_auto_renew",
         description=(
             "Renew auto-renew services near expiry when the balance covers the price "
             "(invoice paid from balance, expiry extended); else record insufficient balance."
@@ -66,7 +62,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="reconcile_account_balance",
         rule=EverySlots(4),
         declared_cadence="every 4 slots",
-        asset="reconcile_account_balance",
         description=(
             "Recompute balances from payments and invoices; report mismatches, never fix."
         ),
@@ -77,7 +72,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="ticket_auto_close",
         rule=Cron("0 0 * * *"),
         declared_cadence="daily at 00:00",
-        asset="ticket_auto_close",
         description="Close tickets waiting on the customer for the configured number of days.",
         timeout=timedelta(minutes=10),
         lease_ttl=timedelta(minutes=15),
@@ -86,7 +80,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="log_archive",
         rule=Cron("0 2 * * *"),
         declared_cadence="daily at 02:00",
-        asset="log_archive",
         description=(
             "Archive automation and notification logs older than the retention to gzip "
             "CSV, verify, then delete exactly what was archived. Never touches the ledger."
@@ -101,7 +94,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="ledger_health",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset="ledger_health",
         description=(
             "The run ledger's health as asset metadata: summary numbers, missed dues and a "
             "per-task table (read-only)."
@@ -118,7 +110,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="tick_every_slot",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset="tick_every_slot",
         description="Fires the plugin hook event tick.every_slot once per slot.",
         timeout=timedelta(minutes=5),
         lease_ttl=timedelta(minutes=10),
@@ -129,7 +120,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="tick_every_minute",
         rule=Cron("* * * * *"),
         declared_cadence="every minute",
-        asset="tick_every_minute",
         description="Fires the legacy plugin hook event tick.every_minute, once per slot.",
         timeout=timedelta(minutes=5),
         lease_ttl=timedelta(minutes=10),
@@ -140,7 +130,6 @@ TASKS: tuple[TaskSpec, ...] = (
         key="tick_every_five_minutes",
         rule=Cron("*/5 * * * *"),
         declared_cadence="every 5 minutes",
-        asset="tick_every_five_minutes",
         description="Fires the legacy plugin hook event tick.every_five_minutes, once per slot.",
         timeout=timedelta(minutes=5),
         lease_ttl=timedelta(minutes=10),

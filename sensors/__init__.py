@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from orchestration.services.views import task_views
+from orchestration.task_spec import MissedSlotPolicy, TaskView
 from resources.core.instants import utc_now
-from resources.core.registry import CATCH_UP, TaskView
 from sensors.audit import build_catch_up_sensor
 from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor
@@ -67,7 +67,7 @@ def build_sensors(
     sensors += [
         build_catch_up_sensor(v, clock=clock)
         for v in views
-        if v.spec.missed_slot_policy == CATCH_UP
+        if v.spec.missed_slot_policy == MissedSlotPolicy.CATCH_UP
     ]
     return sensors
 

@@ -13,9 +13,9 @@ from datetime import datetime
 import dagster as dg
 
 from orchestration.services.audit import MAX_CATCH_UP_PER_TICK, audit_task
+from orchestration.task_spec import MissedSlotPolicy, TaskView
 from resources.core.due import Due
 from resources.core.instants import Clock
-from resources.core.registry import CATCH_UP, TaskView
 from resources.ledger import RunLedger
 from sensors.support import due_run_request, ledger_sensor
 
@@ -35,7 +35,7 @@ def build_catch_up_sensor(
     """``<task>_catch_up_sensor`` for a ``catch_up`` task: launches its missed dues that lie
     inside its ``catch_up_window`` (and after its first recorded run), once each."""
     spec = view.spec
-    if spec.missed_slot_policy != CATCH_UP or spec.catch_up_window is None:
+    if spec.missed_slot_policy != MissedSlotPolicy.CATCH_UP or spec.catch_up_window is None:
         raise ValueError(f"task {spec.key!r} is not a catch_up task; it has no catch-up sensor")
     window = spec.catch_up_window
 

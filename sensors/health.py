@@ -33,12 +33,12 @@ from orchestration.services.alerts import Alerts
 from orchestration.services.audit import TaskAudit, audit_tasks, expected_dues
 from orchestration.services.ledger_checks import ledger_check_evaluations
 from orchestration.services.summary import SUMMARY_WINDOW, first_line
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
 from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import FailureKind, Status
 from resources.core.instants import Clock, iso, utc_now
-from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
 from sensors.support import ledger_sensor
 

@@ -16,9 +16,9 @@ import dagster as dg
 from orchestration.services.alerts import Alerts
 from orchestration.services.outcomes import alert_of, reconcile_events, settle_abandoned_retries
 from orchestration.services.scheduling import sync_schedules
+from orchestration.task_spec import TaskView
 from resources.core.alerting import entry_subject
 from resources.core.instants import Clock, utc_now
-from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 from sensors.pools import ensure_task_pools
 from sensors.support import ledger_sensor

@@ -17,8 +17,8 @@ from orchestration.services.policies import (
     record_deadline_misses,
     record_paused_dues,
 )
+from orchestration.task_spec import TaskView
 from resources.core.instants import Clock, utc_now
-from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 from sensors.support import ledger_sensor
 

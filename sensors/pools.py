@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from resources.core.policies import uses_task_pool
-from resources.core.registry import TaskView
+from orchestration.task_spec import TaskView
 
 #: Slots of a task pool when the instance sets no ``concurrency.pools.default_limit``.
 TASK_POOL_SLOTS = 1
@@ -37,7 +36,7 @@ def ensure_task_pools(instance: dg.DagsterInstance, views: Sequence[TaskView]) -
         return []
     existing = storage.get_concurrency_keys()
     created = []
-    pooled = {v.spec.key for v in views if uses_task_pool(v.spec.overlap_policy)}
+    pooled = {v.spec.key for v in views if v.spec.uses_task_pool}
     for pool in sorted(pooled - existing):
         if instance.global_op_concurrency_default_limit:
             storage.initialize_concurrency_limit_to_default(pool)

@@ -18,6 +18,7 @@ import dagster as dg
 
 from orchestration.factory import build_task_job
 from orchestration.services.dagster_runs import last_dispatch_failure_canceled
+from orchestration.task_spec import TaskView
 from resources.core.due import Due
 from resources.core.entry import Status
 from resources.core.instants import Clock, utc_now
@@ -29,7 +30,6 @@ from resources.core.redispatch import (
     redispatch_interval_seconds,
     redispatch_run_key,
 )
-from resources.core.registry import TaskView
 from resources.ledger import MAX_DISPATCH_FAILURES, RunLedger
 from sensors.support import due_run_request, ledger_sensor
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import dagster as dg
 
+from orchestration.task_spec import TaskView, partition_key_for
 from resources.core import tags as t
 from resources.core.due import Due
 from resources.core.entry import Trigger
 from resources.core.instants import Clock
-from resources.core.registry import TaskView, partition_key_for
 from resources.ledger import RunLedger
 
 #: A ledger sensor's body: (its evaluation context, the ledger, now) -> what Dagster takes.
@@ -64,7 +64,7 @@ def due_run_request(
     due = Due.coerce(due)
     tags = {
         t.TAG_TASK: view.spec.key,
-        t.TAG_TRIGGER: Trigger.SENSOR,
+        t.TAG_TRIGGER: Trigger.SENSOR.value,
         t.TAG_DUE: due.text,
     }
     partition_key = partition_key_for(view.spec, due)

@@ -468,10 +468,10 @@ def retry_cmd(
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
 
     # Imported when this command runs, so the other commands do not load it.
+    from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION
     from orchestration.services.launch import DagsterCliLauncher
     from orchestration.services.retry import retry_entry
     from orchestration.services.task_plugins import task_registry
-    from resources.core.retry_rules import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION
 
     entry_no = parse_entry_id(entry_id)
     _operator(operator)  # a malformed name is exit 2 before anything is read

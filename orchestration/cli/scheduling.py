@@ -35,12 +35,12 @@ from orchestration.cli.support import (
     print_json,
     table,
 )
+from orchestration.task_spec import TaskView
 from resources.core.catchup import CATCH_UP_RETENTION, MAX_CATCH_UP_DUES, ONLY_CHOICES
 from resources.core.due import floor_to_slot, format_due
 from resources.core.errors import InvalidInput, Refused
 from resources.core.instants import iso
 from resources.core.operators import ROLE_RETRIER, ROLE_VIEWER
-from resources.core.registry import TaskView
 
 ACTION_DUES: Final = "dues"
 ACTION_PAUSE: Final = "pause"
@@ -102,7 +102,7 @@ def dues_cmd(
     (a skipped local time runs once at the next valid instant, a repeated one once at its
     first occurrence) and which a pause skips. --next N (1-1000) or --from/--to."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.scheduling import MAX_DUES_LISTED, list_dues
+    from orchestration.timetable import MAX_DUES_LISTED
 
     if count is not None and (start is not None or end is not None):
         raise InvalidInput("give either --next N or --from and --to, not both")
@@ -115,10 +115,10 @@ def dues_cmd(
     ledger = viewer_gate(operator, ACTION_DUES)
     pauses = ledger.pauses(view.spec.key)
     if window is not None:
-        listed = list_dues(view, window[0], end=window[1], pauses=pauses)
+        listed = view.dues(window[0], end=window[1], pauses=pauses)
     else:
         begin = floor_to_slot(_now(), view.slot_minutes) + timedelta(minutes=view.slot_minutes)
-        listed = list_dues(view, begin, count=count or DEFAULT_NEXT, pauses=pauses)
+        listed = view.dues(begin, count=count or DEFAULT_NEXT, pauses=pauses)
     open_pauses = [p for p in pauses if p.end is None]
     data: dict[str, Any] = {
         "task_key": view.spec.key,
@@ -251,8 +251,8 @@ def catch_up_cmd(
     from orchestration.services.catch_up import CatchUpResult, plan_catch_up, run_catch_up
     from orchestration.services.launch import DagsterCliLauncher
     from orchestration.services.task_plugins import task_registry
+    from orchestration.timetable import plan_dues
     from resources.core.arguments import check_reason
-    from resources.core.plans import plan_dues
 
     view = _view(task)
     low, high = _range(start, end)

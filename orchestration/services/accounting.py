@@ -24,13 +24,13 @@ from orchestration.services.audit import expected_dues
 from orchestration.services.policies import deadline_misses
 from orchestration.services.scheduling import scheduling_of
 from orchestration.services.summary import first_line
+from orchestration.task_spec import TaskView
+from orchestration.timetable import plan_dues
 from resources.core import tags as t
 from resources.core.deadlines import DeadlineMiss
 from resources.core.due import Due, floor_to_slot
 from resources.core.dues import DueVerdict, due_verdict, skipped_for_pause
 from resources.core.entry import FailureKind, Status
-from resources.core.plans import plan_dues
-from resources.core.registry import TaskView
 from resources.ledger import Entry, Ledger, format_duration
 
 CHECK_NAME: Final = "latest_due_accounted_for"

@@ -26,12 +26,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from orchestration.services.scheduling import scheduling_of
+from orchestration.task_spec import TaskView
+from orchestration.timetable import plan_dues
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due
 from resources.core.dues import DueVerdict, Scheduling, due_verdict, skipped_for_pause
 from resources.core.entry import Status
-from resources.core.plans import plan_dues
-from resources.core.registry import TaskView
 from resources.ledger import Ledger
 
 if TYPE_CHECKING:

@@ -27,6 +27,8 @@ import dagster as dg
 
 from orchestration.services.launch import Launcher, LaunchFailed, launch_runs
 from orchestration.services.retry import retry_entry
+from orchestration.task_spec import TaskSpec, TaskView, task_run_tags
+from orchestration.timetable import plan_dues
 from resources.core import tags as t
 from resources.core.catchup import (
     LAUNCH,
@@ -40,8 +42,6 @@ from resources.core.due import Due, format_due
 from resources.core.entry import Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import Operators
-from resources.core.plans import plan_dues
-from resources.core.registry import TaskSpec, TaskView, task_run_tags
 from resources.ledger import Ledger
 
 #: The audit action of each due a catch-up launches.
@@ -84,7 +84,7 @@ def catch_up_tags(spec: TaskSpec, due: datetime, operator: str, reason: str) -> 
     """The tags of a catch-up run: the task's run tags, ``manual`` with the due it runs."""
     return {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: Trigger.MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL.value,
         t.TAG_DUE: format_due(due),
         t.TAG_OPERATOR: operator,
         t.TAG_REASON: reason,

@@ -13,9 +13,9 @@ from typing import Any, Final
 
 import dagster as dg
 
+from orchestration.task_spec import TaskView, task_keys_of_run
 from resources.core import tags as t
 from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry
-from resources.core.registry import TaskView, task_keys_of_run
 
 #: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A
 #: failed run tagged ``dagster/will_retry=true`` that still has no retry this long after it

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services import accounting as acc
 from orchestration.services.accounting import account_latest_due, next_step
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
-from resources.core.registry import TaskView
 from resources.ledger import Ledger
 
 if TYPE_CHECKING:

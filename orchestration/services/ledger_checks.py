@@ -36,12 +36,12 @@ from orchestration.services.dagster_runs import (
     newest_automatic_retry,
 )
 from orchestration.services.summary import SUMMARY_WINDOW
+from orchestration.task_run import entry_request_from_tags
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Status
 from resources.core.instants import iso
-from resources.core.registry import TaskView
-from resources.core.requests import entry_request_from_tags
 from resources.ledger import SUMMARY_REJECTIONS, Entry, Ledger, format_duration
 
 #: The task whose asset carries the ledger checks (assets/ledger_health.py).

@@ -22,10 +22,10 @@ from typing import Any, Final
 import dagster as dg
 
 from orchestration.services.audit import expected_dues
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due
 from resources.core.entry import Trigger
-from resources.core.registry import TaskView
 
 SCHEDULER_DAEMON: Final = "SCHEDULER"
 DEFAULT_MAX_AGE: Final = timedelta(seconds=180)
@@ -107,7 +107,7 @@ def scheduler_heartbeat_check(
 def latest_scheduled_due(instance: dg.DagsterInstance) -> tuple[datetime, str] | None:
     """The newest due any task schedule created a run for, and that run's id."""
     records = instance.get_run_records(
-        filters=dg.RunsFilter(tags={t.TAG_TRIGGER: Trigger.SCHEDULE}), limit=_RECENT_RUNS
+        filters=dg.RunsFilter(tags={t.TAG_TRIGGER: Trigger.SCHEDULE.value}), limit=_RECENT_RUNS
     )
     best: tuple[datetime, str] | None = None
     for record in records:

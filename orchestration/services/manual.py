@@ -26,13 +26,12 @@ from orchestration.services.launch import (
     manual_run_id,
     submit_run,
 )
+from orchestration.task_spec import OverlapPolicy, TaskSpec, find_task, task_run_tags
 from resources.core import tags as t
 from resources.core.arguments import check_reason, check_request_id
 from resources.core.entry import Status, Trigger
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import check_operator_name
-from resources.core.policies import OVERLAP_SKIP
-from resources.core.registry import TaskSpec, find_task, task_run_tags
 from resources.ledger import Ledger, dedup_key_for_request
 
 #: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.
@@ -66,7 +65,7 @@ def manual_tags(spec: TaskSpec, request_id: str, operator: str, reason: str) -> 
     """Tags of a manual launch: the task's run tags plus the manual namespace."""
     return {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: Trigger.MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL.value,
         t.TAG_REQUEST_ID: request_id,
         t.TAG_OPERATOR: operator,
         t.TAG_REASON: reason,
@@ -112,7 +111,7 @@ def launch_manual(
         )
     request_id = request_id or str(uuid.uuid4())
     dispatch, existing = latest_dispatch(instance, task_key, request_id)
-    if existing is None and not queue and spec.overlap_policy == OVERLAP_SKIP:
+    if existing is None and not queue and spec.overlap_policy == OverlapPolicy.SKIP:
         running = ledger.in_progress(task_key)
         if running:
             busy = running[0]

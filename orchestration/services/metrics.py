@@ -19,10 +19,10 @@ from orchestration.services.audit import audit_tasks
 from orchestration.services.hooks.model import EVENTS as HOOK_EVENTS
 from orchestration.services.liveness import DEFAULT_MAX_AGE, scheduler_heartbeat_check
 from orchestration.services.summary import SUMMARY_WINDOW, all_entries, attention_rows
+from orchestration.task_spec import TaskView
 from resources.core import metrics as m
 from resources.core.due import floor_to_slot
 from resources.core.entry import Status
-from resources.core.registry import TaskView
 from resources.ledger import Entry, Ledger
 
 if TYPE_CHECKING:

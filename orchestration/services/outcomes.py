@@ -38,13 +38,13 @@ from orchestration.services.unsupported import (
     unsupported_alert,
     unsupported_message,
 )
+from orchestration.task_run import EntryRequest, entry_request_from_tags
+from orchestration.task_spec import TaskSpec, TaskView
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST
 from resources.core.due import format_due
 from resources.core.entry import Origin, Status
 from resources.core.outcomes import Action, Reconciled, RunOutcome, decide
-from resources.core.registry import TaskSpec, TaskView
-from resources.core.requests import EntryRequest, entry_request_from_tags
 from resources.ledger import DEFAULT_MAX_ATTEMPTS, SUMMARY_DISPATCH_FAILURES, Entry, Ledger
 
 #: A failed run without ``dagster/will_retry`` yet (the tag is written just after the

@@ -24,12 +24,11 @@ from typing import Final
 import dagster as dg
 
 from orchestration.services.unclaimed import end_unclaimed_run, mark_replaced_run
+from orchestration.task_run import EntryRequest
+from orchestration.task_spec import LEDGER_OVERLAP_POLICIES, TaskSpec
 from resources.core import tags as t
 from resources.core.entry import Origin, Status, Trigger
 from resources.core.overlap import OVERLAP_WAIT_TURN, SUMMARY_OVERLAP, OverlapAction
-from resources.core.policies import LEDGER_OVERLAP_POLICIES
-from resources.core.registry import TaskSpec
-from resources.core.requests import EntryRequest
 from resources.ledger import ClaimResult, Entry, Ledger
 
 #: How often a run waiting for its turn asks again (its waiter mark lives 30 s).

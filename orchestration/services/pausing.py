@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from orchestration.task_spec import TaskSpec, find_task
 from resources.core.arguments import check_reason
 from resources.core.dues import Pause
 from resources.core.errors import InvalidInput, Refused
 from resources.core.instants import iso
 from resources.core.pausing import ACTION_TASK_PAUSED, ACTION_TASK_RESUMED
-from resources.core.registry import TaskSpec, find_task
 from resources.ledger import Ledger
 from resources.ledger.scheduling import PAUSE_AFTER_FAILURES, PAUSE_CLI, PAUSE_SCHEDULE_STOPPED
 

@@ -23,6 +23,8 @@ from typing import Final
 
 from orchestration.services.alerts import Alerts
 from orchestration.services.scheduling import scheduling_of
+from orchestration.task_spec import TaskView
+from orchestration.timetable import plan_dues
 from resources.core.alerting import KIND_DEADLINE_MISSED, KIND_TASK_PAUSED
 from resources.core.deadlines import ACTION_DEADLINE_MISSED, DeadlineMiss, deadline_miss
 from resources.core.due import floor_to_slot, format_due
@@ -35,8 +37,6 @@ from resources.core.pausing import (
     failure_pause_reason,
     failure_streak,
 )
-from resources.core.plans import plan_dues
-from resources.core.registry import TaskView
 from resources.ledger import Entry, Ledger
 from resources.ledger.scheduling import PAUSE_AFTER_FAILURES
 

@@ -22,8 +22,17 @@ from datetime import datetime
 
 import dagster as dg
 
+from orchestration.retry import (
+    ACTION_RETRY_RUN,
+    ACTION_UI_REEXECUTION,
+    CHECK_RECORDED,
+    refusal_message,
+    ui_reexecution_parent,
+)
 from orchestration.services.dagster_runs import turn_off_dagster_retries
 from orchestration.services.retry import record_retry
+from orchestration.task_run import EntryRequest, task_tags
+from orchestration.task_spec import TaskSpec
 from resources.core import tags as t
 from resources.core.entry import Trigger
 from resources.core.errors import Refused
@@ -33,14 +42,6 @@ from resources.core.operators import (
     Operators,
     OperatorsFileError,
     operators_from_env,
-)
-from resources.core.registry import TaskSpec
-from resources.core.requests import EntryRequest, task_tags, ui_reexecution_parent
-from resources.core.retry_rules import (
-    ACTION_RETRY_RUN,
-    ACTION_UI_REEXECUTION,
-    CHECK_RECORDED,
-    refusal_message,
 )
 from resources.ledger import Entry, Ledger, dedup_key_for_retry
 
@@ -91,7 +92,7 @@ def apply_reexecution_rule(
         return recorded_retry_only(context, ledger, parent_request)
     assert child.parent_id is not None
     retry_tags = {
-        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY.value,
         t.TAG_PARENT_ENTRY: str(child.parent_id),
         t.TAG_OPERATOR: child.operator or UI_OPERATOR,
         t.TAG_REASON: child.reason or "",

@@ -32,17 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
-from resources.core import tags as t
-from resources.core.due import format_due
-from resources.core.entry import Status, Trigger
-from resources.core.errors import InvalidInput, Refused
-from resources.core.operators import (
-    Decision,
-    Operators,
-)
-from resources.core.registry import TaskSpec, find_task, task_run_tags
-from resources.core.retry_rules import (
+from orchestration.retry import (
     ACTION_MANUAL_RETRY,
     ACTION_RETRY_LAUNCH,
     ACTION_RETRY_REDISPATCH,
@@ -56,6 +46,16 @@ from resources.core.retry_rules import (
     evaluate_retry,
     first_failure,
     refusal_message,
+)
+from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
+from orchestration.task_spec import TaskSpec, find_task, task_run_tags
+from resources.core import tags as t
+from resources.core.due import format_due
+from resources.core.entry import Status, Trigger
+from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import (
+    Decision,
+    Operators,
 )
 from resources.ledger import Entry, Ledger, dedup_key_for_retry
 
@@ -216,7 +216,7 @@ def retry_run_tags(record: RetryRecord, spec: TaskSpec) -> dict[str, str]:
     """
     tags = {
         **task_run_tags(spec),
-        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY.value,
         t.TAG_PARENT_ENTRY: str(record.parent.id),
         t.TAG_OPERATOR: record.operator,
         t.TAG_REASON: record.reason,

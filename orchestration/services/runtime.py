@@ -26,6 +26,8 @@ from typing import NoReturn
 
 import dagster as dg
 
+from orchestration.manual_launch import unissued_launch
+from orchestration.retry import is_retry_of_a_dispatch_failure
 from orchestration.services.dagster_runs import (
     dagster_will_retry_failure,
     failed_ancestor,
@@ -39,18 +41,16 @@ from orchestration.services.task_events import fire_task_event, record_creation_
 from orchestration.services.task_plugins import task_registry
 from orchestration.services.unclaimed import end_unclaimed_run, lineage_root
 from orchestration.services.unsupported import end_unsupported, unsupported_message
+from orchestration.task_run import (
+    EntryRequest,
+    entry_request_from_tags,
+    task_is_registered,
+    task_tags,
+)
+from orchestration.task_spec import TaskSpec
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status
 from resources.core.fence import EffectGuard, FenceLost
-from resources.core.registry import TaskSpec
-from resources.core.requests import (
-    EntryRequest,
-    entry_request_from_tags,
-    is_retry_of_a_dispatch_failure,
-    task_is_registered,
-    task_tags,
-    unissued_launch,
-)
 from resources.ledger import Entry, Ledger
 from resources.ledger.fence import LedgerGuard
 

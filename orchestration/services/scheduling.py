@@ -13,18 +13,14 @@ rule's notes and the pauses that skip them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
+from orchestration.task_spec import TaskView
+from orchestration.timetable import NEXT_DUES_SHOWN
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
 from resources.core.dues import Pause, Scheduling
-from resources.core.instants import iso
-from resources.core.plans import plan_dues
-from resources.core.registry import TaskView
-from resources.core.zoned import zoned_dues
 from resources.ledger import Ledger
 from resources.ledger.scheduling import ScheduleState
 
@@ -124,93 +120,12 @@ def first_activity(
     return min(found) if found else None
 
 
-# --- the dues a task's schedule produces (`dueledger dues`, the schedule's metadata) ---------
-
-#: Dues the schedule's metadata in the UI lists (as of the code location's load).
-NEXT_DUES_SHOWN: Final = 5
-#: Most dues one listing holds (`dueledger dues --next N`, a `--from/--to` range).
-MAX_DUES_LISTED: Final = 1000
-#: How far ahead a `--next N` listing looks at most.
-_MAX_AHEAD: Final = timedelta(days=800)
-
-
-@dataclass(frozen=True)
-class ListedDue:
-    """One due of a task's schedule: its UTC instant, its wall time in the rule's zone, what
-    the DST rule did to it (empty: nothing), and the pause that skips it (None: none)."""
-
-    due: datetime
-    local: str
-    dst: str = ""
-    pause: Pause | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        pause = self.pause
-        return {
-            "due": format_due(self.due),
-            "local": self.local,
-            "dst": self.dst or None,
-            "skipped_by_pause": pause is not None,
-            "pause": (
-                {
-                    "by": pause.by,
-                    "reason": pause.reason,
-                    "since": iso(pause.start),
-                    "until": iso(pause.end),
-                    "source": pause.source,
-                    "skip_reason": pause.skip_reason,
-                }
-                if pause is not None
-                else None
-            ),
-        }
-
-
-def list_dues(
-    view: TaskView,
-    start: datetime,
-    *,
-    end: datetime | None = None,
-    count: int | None = None,
-    pauses: Sequence[Pause] = (),
-) -> list[ListedDue]:
-    """The dues ``view``'s schedule produces from ``start``: those before ``end``, or the
-    first ``count`` (at most :data:`MAX_DUES_LISTED`), each with its wall time in the rule's
-    zone, the DST rule's note, and the pause of ``pauses`` that skips it."""
-    slot = timedelta(minutes=view.slot_minutes)
-    if end is None:
-        wanted = min(count or NEXT_DUES_SHOWN, MAX_DUES_LISTED)
-        step = max(timedelta(minutes=view.effective.minutes), slot) * (wanted + 1)
-        end = start + step
-        dues = plan_dues(view.plan, view.slot_minutes, start, end)
-        while len(dues) < wanted and end - start < _MAX_AHEAD:
-            step *= 2
-            end = start + step
-            dues = plan_dues(view.plan, view.slot_minutes, start, end)
-        dues = dues[:wanted]
-    else:
-        dues = plan_dues(view.plan, view.slot_minutes, start, end)[:MAX_DUES_LISTED]
-    notes: dict[datetime, str] = {}
-    plan = view.plan
-    if plan.zoned_cron is not None and plan.zone is not None and dues:
-        for zoned in zoned_dues(plan.zoned_cron, plan.zone, view.slot_minutes, dues[0], end):
-            notes[zoned.due] = zoned.note(plan.zone)
-    zone = ZoneInfo(view.rule_zone)
-    listed = []
-    for due in dues:
-        local = due.astimezone(zone)
-        covering = next((p for p in pauses if p.covers(due)), None)
-        text = f"{local:%Y-%m-%d %H:%M} {local.tzname()}"
-        listed.append(ListedDue(due, text, notes.get(due, ""), covering))
-    return listed
-
-
 def next_dues_text(view: TaskView, now: datetime) -> str:
     """The next :data:`NEXT_DUES_SHOWN` dues after ``now``, as Markdown (the schedule's
     metadata in the UI; computed when the code location loads, so as of then)."""
     start = floor_to_slot(now, view.slot_minutes) + timedelta(minutes=view.slot_minutes)
     lines = [f"Next dues as of {format_due(now)} (`dueledger dues {view.spec.key}` for more):", ""]
-    for item in list_dues(view, start, count=NEXT_DUES_SHOWN):
+    for item in view.dues(start, count=NEXT_DUES_SHOWN):
         note = f" -- {item.dst}" if item.dst else ""
         lines.append(f"- `{format_due(item.due)}` ({item.local}){note}")
     return "\n".join(lines)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
 from orchestration.services.policies import deadline_misses
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.instants import iso
-from resources.core.registry import TaskView
 from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, Ledger
 
 if TYPE_CHECKING:

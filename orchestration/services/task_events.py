@@ -17,9 +17,9 @@ from orchestration.services.hooks import (
     decode_outcomes,
     record,
 )
+from orchestration.task_run import EntryRequest
 from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import Trigger
-from resources.core.requests import EntryRequest
 from resources.core.settings import load_settings
 from resources.ledger import Entry, Ledger
 

@@ -41,9 +41,9 @@ from typing import Any, Final, Protocol, runtime_checkable
 from orchestration.services.hooks import ENV_HOOKS_FILE, Hooks
 from orchestration.services.hooks.loading import plugin_items
 from orchestration.services.hooks.model import cut_text, error_text
+from orchestration.task_spec import TaskSpec, TaskSpecError, find_task, validate_spec
 from orchestration.tasks import TASKS
 from resources.core.config_files import ConfigFileError, read_config_file
-from resources.core.registry import TaskSpec, TaskSpecError, find_task, validate_spec
 from resources.core.settings import ENV_PLUGIN_TASKS, Settings, load_settings
 from resources.core.tags import SOURCE_CORE, SOURCE_PLUGIN_PREFIX
 from resources.core.text import printable

@@ -17,9 +17,9 @@ from typing import NoReturn
 
 import dagster as dg
 
+from orchestration.task_run import EntryRequest
 from resources.core import tags as t
 from resources.core.entry import ACTION_RUN_REFUSED, ACTION_RUN_REPLACED, ACTION_RUN_SKIPPED
-from resources.core.requests import EntryRequest
 from resources.ledger import Entry, Ledger
 
 _ACTIONS = {

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from orchestration.services.alerts import deliver_alert
+from orchestration.task_spec import TaskSpec
 from resources.core import tags as t
 from resources.core.alerting import entry_subject
 from resources.core.due import Due
 from resources.core.entry import FailureKind, Status
-from resources.core.registry import TaskSpec
 from resources.ledger import Entry, Ledger
 
 #: Lease an unsupported entry is held with between its claim and its failure (an instant).

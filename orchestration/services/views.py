@@ -6,7 +6,7 @@ sensors, the CLI. No Dagster: `dueledger tasks` and `summary` load none.
 from __future__ import annotations
 
 from orchestration.services.task_plugins import task_registry
-from resources.core.registry import TaskSpec, TaskView, build_views
+from orchestration.task_spec import TaskSpec, TaskView, build_views
 from resources.core.settings import Settings, load_settings
 
 #: Views already built in this process, by (slot minutes, timezone, registered tasks).

@@ -55,8 +55,18 @@ class Pause:
 
     @property
     def skip_reason(self) -> str:
-        """What a due skipped for this pause says (DESIGN): ``paused by NAME: REASON``."""
+        """What a due skipped for this pause says: ``paused by NAME: REASON``."""
         return f"{PAUSED_PREFIX}{self.by}: {self.reason}"
+
+    def as_json(self) -> dict[str, str | None]:
+        return {
+            "by": self.by,
+            "reason": self.reason,
+            "since": iso(self.start),
+            "until": iso(self.end),
+            "source": self.source,
+            "skip_reason": self.skip_reason,
+        }
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Errors a user can cause, mapped to the CLI's exit codes (DESIGN: CLI contract)."""
+"""Errors a user can cause, mapped to the CLI's exit codes (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from resources.core.policies import OVERLAP_BUFFER_ONE, OVERLAP_REPLACE, OVERLAP_SKIP
+from orchestration.task_spec import OverlapPolicy
 
 #: The summary key of an entry whose run waits for its turn under any overlap policy.
 SUMMARY_OVERLAP: Final = "overlap"
@@ -78,14 +78,18 @@ def decide_overlap(
     ``wait_turn``: an operator asked this entry to wait for its turn.
     """
     others = [e for e in in_progress if e != entry_id]
-    if not others or policy not in (OVERLAP_SKIP, OVERLAP_BUFFER_ONE, OVERLAP_REPLACE):
+    if not others or policy not in (
+        OverlapPolicy.SKIP,
+        OverlapPolicy.BUFFER_ONE,
+        OverlapPolicy.REPLACE,
+    ):
         return OverlapDecision(OverlapAction.CLAIM)
     busy = others[0]
-    if policy == OVERLAP_REPLACE:
+    if policy == OverlapPolicy.REPLACE:
         return OverlapDecision(OverlapAction.REPLACE, f"overlap: replaces entry {busy}", busy)
     if wait_turn:
         return OverlapDecision(OverlapAction.WAIT, running_reason(busy), busy)
-    if policy == OVERLAP_SKIP:
+    if policy == OverlapPolicy.SKIP:
         return OverlapDecision(OverlapAction.SKIP, running_reason(busy), busy)
     if waiter is None or waiter == entry_id:
         return OverlapDecision(OverlapAction.WAIT, running_reason(busy), busy)

@@ -21,6 +21,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from orchestration.task_spec import LEDGER_OVERLAP_POLICIES
 from resources.core import rules
 from resources.core.arguments import require_text
 from resources.core.due import Due
@@ -39,7 +40,6 @@ from resources.core.overlap import (
     OverlapDecision,
     decide_overlap,
 )
-from resources.core.policies import LEDGER_OVERLAP_POLICIES
 from resources.ledger.model import (
     ClaimResult,
     check_id,

@@ -53,7 +53,7 @@ def stores(tmp_path):
 
 def scheduled_tags(task: str, due: datetime) -> dict[str, str]:
     return scheduled(
-        {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(due)}
+        {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: format_due(due)}
     )
 
 
@@ -269,7 +269,7 @@ def test_a_manual_run_is_as_of_its_launch_not_a_due(stores):
     )
     tags = {
         t.TAG_TASK: "order_cleanup",
-        t.TAG_TRIGGER: Trigger.MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL.value,
         t.TAG_REQUEST_ID: "r-1",
         t.TAG_OPERATOR: "ops",
         t.TAG_REASON: "test",

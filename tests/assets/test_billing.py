@@ -326,7 +326,7 @@ def _stores(url: str, tmp_path):
 def scheduled(due: datetime) -> dict[str, str]:
     return {
         t.TAG_TASK: "billing_maintenance",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: format_due(due),
         t.DAGSTER_PARTITION: due.strftime("%Y-%m-%d"),
     }
@@ -413,7 +413,7 @@ def test_a_manual_run_overlapping_a_scheduled_one_sends_nothing_twice(stores):
     due = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
     manual = {
         t.TAG_TASK: "billing_maintenance",
-        t.TAG_TRIGGER: Trigger.MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL.value,
         t.TAG_REQUEST_ID: "r-1",
         t.TAG_OPERATOR: "ops",
         t.TAG_REASON: "resend check",

@@ -20,9 +20,9 @@ from hook_support import build
 from assets import domain_assets
 from assets.domain_config import DomainRules
 from orchestration.definitions import defs
+from orchestration.task_spec import TaskSpec, TaskSpecError, partition_key_for, validate_spec
+from orchestration.timetable import Cron
 from resources.core import tags as t
-from resources.core.plans import Cron
-from resources.core.registry import TaskSpec, TaskSpecError, partition_key_for, validate_spec
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore, create_schema
@@ -192,9 +192,7 @@ def test_the_scheduler_daemon_launches_the_scheduled_run_on_its_days_partition(t
 
 
 def test_only_known_partition_schemes_are_accepted_and_keys_are_utc_days():
-    spec = TaskSpec(
-        key="x", rule=Cron("0 * * * *"), declared_cadence="hourly", asset="x", partitions="daily"
-    )
+    spec = TaskSpec(key="x", rule=Cron("0 * * * *"), declared_cadence="hourly", partitions="daily")
     validate_spec(spec, 15)
     late_evening = datetime(2026, 11, 30, 23, 45, tzinfo=UTC)
     assert partition_key_for(spec, late_evening) == "2026-11-30"
@@ -204,7 +202,6 @@ def test_only_known_partition_schemes_are_accepted_and_keys_are_utc_days():
                 key="x",
                 rule=Cron("0 * * * *"),
                 declared_cadence="hourly",
-                asset="x",
                 partitions="hourly",
             ),
             15,

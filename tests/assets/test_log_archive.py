@@ -148,7 +148,11 @@ def test_old_logs_are_archived_verified_and_deleted_and_the_ledger_is_untouched(
     archive_dir = tmp_path / "archives"
     rules = DomainRules(archive_dir=str(archive_dir), archive_batch_rows=2)
     tags = scheduled(
-        {t.TAG_TASK: "log_archive", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
+        {
+            t.TAG_TASK: "log_archive",
+            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
+            t.TAG_DUE: format_due(DUE),
+        }
     )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
@@ -209,7 +213,7 @@ def test_the_next_days_run_archives_only_what_has_aged_since(tmp_path):
             tags = scheduled(
                 {
                     t.TAG_TASK: "log_archive",
-                    t.TAG_TRIGGER: Trigger.SCHEDULE,
+                    t.TAG_TRIGGER: Trigger.SCHEDULE.value,
                     t.TAG_DUE: format_due(due),
                 }
             )

@@ -140,7 +140,7 @@ def test_the_task_reports_a_planted_mismatch_and_changes_nothing(source, tmp_pat
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     tags = {
         t.TAG_TASK: "reconcile_account_balance",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: format_due(AS_OF),
     }
     with dg.instance_for_test() as instance:

@@ -111,7 +111,7 @@ class Env:
             partition_key=due.strftime("%Y-%m-%d"),
             tags={
                 t.TAG_TASK: "billing_maintenance",
-                t.TAG_TRIGGER: Trigger.SCHEDULE,
+                t.TAG_TRIGGER: Trigger.SCHEDULE.value,
                 t.TAG_DUE: format_due(due),
                 t.DAGSTER_PARTITION: due.strftime("%Y-%m-%d"),
             },

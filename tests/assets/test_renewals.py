@@ -238,7 +238,11 @@ def test_auto_renew_task_keeps_balances_reconcilable(tmp_path):
     resources = {"source": source, "ledger": ledger, "rules": DomainRules()}
 
     def tags(task: str) -> dict[str, str]:
-        return {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(AS_OF)}
+        return {
+            t.TAG_TASK: task,
+            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
+            t.TAG_DUE: format_due(AS_OF),
+        }
 
     with dg.instance_for_test() as instance:
         renew = dg.materialize(

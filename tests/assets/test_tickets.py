@@ -114,7 +114,7 @@ def test_the_daily_task_closes_as_of_its_due(tmp_path):
     ).to_sql("tickets", source.engine(), if_exists="append", index=False)
     tags = {
         t.TAG_TASK: "ticket_auto_close",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: format_due(MIDNIGHT),
     }
     with dg.instance_for_test() as instance:

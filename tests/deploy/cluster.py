@@ -41,9 +41,9 @@ from history.history_format import HistoryWriter, Record, stamp
 from processes import start_group, stop_group
 
 from orchestration.services.summary import ledger_summary
+from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status
-from resources.core.registry import TaskView
 from resources.ledger import RunLedger
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -39,8 +39,8 @@ from history.collect import (
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, task_run
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core.settings import ENV_DATABASE_URL
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger
@@ -60,7 +60,6 @@ SPECS = tuple(
         key=f"cluster_{i:02d}",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset=f"cluster_{i:02d}",
         timeout=TIMEOUT,
         lease_ttl=LEASE_TTL,
         max_attempts=2,

@@ -61,9 +61,9 @@ from dagster_internals import schedule_start_times, started_schedules
 from history.history_checker import check, figures
 from pg_server import PgServer, free_port
 
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
 from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger
 
@@ -183,7 +183,6 @@ def _views():
             key=f"cluster_{i:02d}",
             rule=EverySlots(1),
             declared_cadence="every slot",
-            asset=f"cluster_{i:02d}",
             timeout=timedelta(seconds=30),
             lease_ttl=LEASE_TTL,
             max_attempts=2,

@@ -60,19 +60,20 @@ from history.harness_model import (
 from history.harness_model import due_text as _due
 from history.history_format import HistoryWriter, stamp
 
+from orchestration.retry import is_retry_of_a_dispatch_failure
 from orchestration.services.outcomes import reconcile_run
 from orchestration.services.reclaim import reclaim_leases
 from orchestration.services.retry import record_retry
 from orchestration.services.summary import ledger_summary
+from orchestration.task_run import entry_request_from_tags
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.entry import Status, Trigger
 from resources.core.errors import Refused
 from resources.core.fence import FenceLost
 from resources.core.operators import Operators
 from resources.core.outcomes import RunOutcome
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
-from resources.core.requests import entry_request_from_tags, is_retry_of_a_dispatch_failure
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger
 from resources.ledger.fence import LedgerGuard
@@ -95,7 +96,6 @@ class Harness:
                 key=f"h{i:03d}",
                 rule=EverySlots(1),
                 declared_cadence="every slot",
-                asset=f"h{i:03d}",
                 timeout=config.lease_ttl / 2,
                 lease_ttl=config.lease_ttl,
                 max_attempts=config.max_attempts,

@@ -321,7 +321,7 @@ def test_a_run_of_an_unregistered_task_delivers_its_alert_from_the_run(
     tick_asset = next(a for a in SLOT_TICK_ASSETS if a.task_key == "tick_every_slot")
     tags = {
         t.TAG_TASK: "tick_renamed_away",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: "2026-11-30T22:45:00Z",
     }
     with start(WebhookSink()) as webhook, dg.instance_for_test() as instance:

@@ -21,10 +21,10 @@ from contract import ENTRY_KEYS, SUMMARY_LISTS
 
 from orchestration.cli import main
 from orchestration.cli.runs import CHECK_IDENTITY
+from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core import tags as t
 from resources.core.arguments import MAX_REASON_CHARS
 from resources.core.entry import Trigger
-from resources.core.retry_rules import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
 from resources.ledger import (
     Entry,

@@ -106,7 +106,7 @@ def test_demo_data_a_local_platform_worked_on_is_replaced_without_asking(
             (order_cleanup, "order_cleanup", None),
             (billing_maintenance, "billing_maintenance", AS_OF.strftime("%Y-%m-%d")),
         ):
-            tags = {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE}
+            tags = {t.TAG_TASK: task, t.TAG_TRIGGER: Trigger.SCHEDULE.value}
             tags[t.TAG_DUE] = format_due(AS_OF)
             result = dg.materialize(
                 [asset], resources=resources, instance=instance, tags=tags, partition_key=partition

@@ -18,18 +18,17 @@ import dagster as dg
 
 from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.runtime import SecondWorkerOfRun, task_run
+from orchestration.task_spec import TaskSpec
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Status, Trigger
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
 
 SPEC = TaskSpec(
     key="twice_task",
     rule=EverySlots(1),
     declared_cadence="every slot",
-    asset="twice_task",
     timeout=timedelta(minutes=1),
     lease_ttl=timedelta(minutes=2),
 )
@@ -61,7 +60,7 @@ def test_a_second_process_of_the_same_run_does_nothing(ledger: RunLedger) -> Non
         assets=[twice_task], jobs=[JOB], resources={"ledger": ledger}
     ).resolve_job_def("twice_job")
     run_id = str(uuid.uuid4())
-    tags = {t.TAG_TASK: SPEC.key, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
+    tags = {t.TAG_TASK: SPEC.key, t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: format_due(DUE)}
     results: list[dg.ExecuteInProcessResult] = []
 
     def first() -> None:

@@ -43,7 +43,7 @@ def decorated_listener(ctx: hooks.HookContext) -> hooks.HookResult:
 
 
 def create_ctx(**tags: str) -> hooks.HookContext:
-    base = {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE}
+    base = {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: DUE}
     return hooks.creation_context({**base, **tags})
 
 
@@ -403,7 +403,7 @@ def test_the_example_plugin_denies_frozen_tasks_and_degrades_manual_launches(
     monkeypatch.setenv("EXAMPLE_PLUGIN_FREEZE", "order_cleanup")
     frozen = hooks.gate_creation(create_ctx().tags, registry=registry)
     assert frozen.denied and "change freeze on order_cleanup" in (frozen.reason or "")
-    manual = {t.TAG_TASK: "billing_maintenance", t.TAG_TRIGGER: Trigger.MANUAL}
+    manual = {t.TAG_TASK: "billing_maintenance", t.TAG_TRIGGER: Trigger.MANUAL.value}
     degraded = hooks.gate_creation(manual, registry=registry)
     assert not degraded.denied
     assert degraded.tags["example/checked_by"] == "change_freeze"

@@ -24,12 +24,12 @@ from orchestration.services import hooks
 from orchestration.services.manual import launch_manual
 from orchestration.services.runtime import task_run
 from orchestration.services.views import task_views
+from orchestration.task_spec import TaskSpec
 from orchestration.tasks import TASKS
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import Refused
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec
 from resources.ledger import RunLedger
 
 
@@ -51,7 +51,6 @@ PROBE = TaskSpec(
     key="hook_probe",
     rule=EverySlots(1),
     declared_cadence="every slot",
-    asset="hook_probe",
     timeout=timedelta(minutes=1),
     lease_ttl=timedelta(minutes=2),
 )
@@ -219,7 +218,11 @@ def test_a_raising_and_a_slow_listener_do_not_stop_the_others_or_the_task(
 
     install(raising, slow, recorder.listener())
     caplog.set_level(logging.INFO, logger=hooks.LOGGER.name)
-    tags = {t.TAG_TASK: "tick_every_slot", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE_KEY}
+    tags = {
+        t.TAG_TASK: "tick_every_slot",
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
+        t.TAG_DUE: DUE_KEY,
+    }
     try:
         run = materialize(TICK_ASSETS["tick_every_slot"], ledger, instance, tags)
     finally:
@@ -278,7 +281,7 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
     install(recorder.listener())
     tags = {
         t.TAG_TASK: "hook_probe",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: DUE_KEY,
         # As a task job's run tags set it: Dagster will retry a failure twice.
         t.DAGSTER_MAX_RETRIES: "2",
@@ -359,7 +362,7 @@ def unsupported_tags(task_key: str = "tick_renamed_away") -> dict[str, str]:
     # with the job's retry budget.
     return {
         t.TAG_TASK: task_key,
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: DUE_KEY,
         t.DAGSTER_MAX_RETRIES: "2",
     }

@@ -121,7 +121,7 @@ def _tags(job: str) -> dict[str, str]:
     if spec.manual_trigger:
         return {}
     due = format_due(datetime(2026, 11, 30, 22, 45, tzinfo=UTC))
-    return scheduled({t.TAG_TASK: spec.key, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: due})
+    return scheduled({t.TAG_TASK: spec.key, t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: due})
 
 
 @pytest.mark.parametrize(

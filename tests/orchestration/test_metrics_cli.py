@@ -27,13 +27,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.services.hooks import Hooks, Listener
 from orchestration.services.runtime import task_run
+from orchestration.task_spec import require_task
 from orchestration.tasks import TASKS
 from resources.core import metrics as m
 from resources.core import tags as t
 from resources.core.alerting import ENV_WEBHOOK_URL
 from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import FailureKind, Trigger
-from resources.core.registry import require_task
 from resources.core.settings import ENV_DATABASE_URL, PROJECT_ROOT
 from resources.ledger import RunLedger, dedup_key_for_due
 
@@ -83,7 +83,7 @@ def run(instance: dg.DagsterInstance, ledger: RunLedger, due: datetime, **tags: 
         instance=instance,
         tags={
             t.TAG_TASK: SPEC.key,
-            t.TAG_TRIGGER: Trigger.SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
             t.TAG_DUE: format_due(due),
             t.DAGSTER_MAX_RETRIES: "2",
             **tags,

@@ -43,12 +43,12 @@ from orchestration.services.task_plugins import (
     load_task_registry,
 )
 from orchestration.services.views import task_views
+from orchestration.task_run import EntryRequest
+from orchestration.task_spec import TaskSpecError, task_run_tags, validate_spec
 from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.outcomes import Action, Reconciled
-from resources.core.registry import TaskSpecError, task_run_tags, validate_spec
-from resources.core.requests import EntryRequest
 from resources.core.settings import ENV_PLUGIN_TASKS
 from resources.ledger import RunLedger, dedup_key_for_request
 
@@ -301,7 +301,7 @@ def test_a_retrying_entry_whose_plugin_is_gone_ends_unsupported_once_with_one_al
     caplog.set_level(logging.WARNING, logger="dueledger.alerts")
     tags = {
         t.TAG_TASK: "gone_task",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: DUE,
         t.TAG_SOURCE: "plugin:gone-plugin",
     }
@@ -339,7 +339,7 @@ def test_the_failure_that_left_an_entry_retrying_ends_it_for_the_retry_dagster_q
     # The outcome sensor meets the failed run itself after the plugin is gone (it was not
     # evaluated in between): the entry ends for the queued retry, which can never start.
     caplog.set_level(logging.WARNING, logger="dueledger.alerts")
-    tags = {t.TAG_TASK: "gone_task", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE}
+    tags = {t.TAG_TASK: "gone_task", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: DUE}
     job = dg.GraphDefinition(name="noop", node_defs=[]).to_job(name="gone_task_job")
     views = task_views()
     with dg.instance_for_test(overrides={"run_retries": {"enabled": True}}) as instance:
@@ -403,7 +403,7 @@ def test_runs_retry_of_an_entry_whose_plugin_is_gone_is_refused_naming_the_plugi
     monkeypatch.setenv("DUELEDGER_DATABASE_URL", sqlite_url)
     tags = {
         t.TAG_TASK: "gone_task",
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: DUE,
         t.TAG_SOURCE: "plugin:gone-plugin",
     }

@@ -5,14 +5,19 @@ from datetime import timedelta
 
 import pytest
 
-from resources.core.plans import Cron, EverySlots, NthSlotOfDay
-from resources.core.registry import CATCH_UP, TaskSpec, TaskSpecError, build_views, task_keys_of_run
+from orchestration.task_spec import (
+    MissedSlotPolicy,
+    TaskSpec,
+    TaskSpecError,
+    build_views,
+    task_keys_of_run,
+)
+from orchestration.timetable import Cron, EverySlots, NthSlotOfDay
 
 GOOD = TaskSpec(
     key="nightly_report",
     rule=Cron("0 2 * * *"),
     declared_cadence="daily",
-    asset="nightly_report",
     timeout=timedelta(minutes=5),
     lease_ttl=timedelta(minutes=10),
 )
@@ -70,13 +75,16 @@ def test_a_good_spec_builds_a_view_with_defaults():
         ("empty_zone", {"timezone": ""}, "timezone", "IANA"),
         (
             "catch_up_without_window",
-            {"missed_slot_policy": CATCH_UP},
+            {"missed_slot_policy": MissedSlotPolicy.CATCH_UP},
             "catch_up_window",
             "bounded window",
         ),
         (
             "catch_up_window_unbounded",
-            {"missed_slot_policy": CATCH_UP, "catch_up_window": timedelta(days=30)},
+            {
+                "missed_slot_policy": MissedSlotPolicy.CATCH_UP,
+                "catch_up_window": timedelta(days=30),
+            },
             "catch_up_window",
             "bounded window",
         ),
@@ -108,7 +116,9 @@ def test_a_declared_cadence_finer_than_the_slot_warns_at_load():
 
 
 def test_catch_up_with_a_bounded_window_is_accepted():
-    spec = replace(GOOD, missed_slot_policy=CATCH_UP, catch_up_window=timedelta(hours=2))
+    spec = replace(
+        GOOD, missed_slot_policy=MissedSlotPolicy.CATCH_UP, catch_up_window=timedelta(hours=2)
+    )
     (view,) = build_views([spec], 15, "UTC")
     assert view.as_json()["catch_up_window_seconds"] == 7200
 
@@ -116,7 +126,7 @@ def test_catch_up_with_a_bounded_window_is_accepted():
 # --- attribution by what Dagster records (issue 12) -----------------------------------------
 def _attribution_specs() -> list[TaskSpec]:
     return [
-        TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot", asset=k)
+        TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot")
         for k in ("alpha", "beta")
     ]
 

@@ -22,15 +22,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration.services.launch import LaunchFailed, retry_run_id
-from orchestration.services.retry import RetryResult, record_retry, retry_entry
-from resources.core import tags as t
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.core.errors import InvalidInput, Refused
-from resources.core.operators import Operators, load_operators, parse_operators
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec
-from resources.core.retry_rules import (
+from orchestration.retry import (
     CHECK_ACKNOWLEDGED,
     CHECK_MANUAL_TRIGGER,
     CHECK_NOT_RETRIED,
@@ -41,6 +33,14 @@ from resources.core.retry_rules import (
     LAUNCH_NEW_RUN,
     LAUNCH_REEXECUTION,
 )
+from orchestration.services.launch import LaunchFailed, retry_run_id
+from orchestration.services.retry import RetryResult, record_retry, retry_entry
+from orchestration.task_spec import TaskSpec
+from orchestration.timetable import EverySlots
+from resources.core import tags as t
+from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.errors import InvalidInput, Refused
+from resources.core.operators import Operators, load_operators, parse_operators
 from resources.core.settings import PROJECT_ROOT
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_request
 
@@ -54,14 +54,11 @@ NEXT_MORNING = DUE + timedelta(hours=10)
 TASK = "order_cleanup"
 LOCKED = "locked_task"
 SPECS = (
-    TaskSpec(
-        key=TASK, rule=EverySlots(1), declared_cadence="every slot", asset=TASK, max_attempts=2
-    ),
+    TaskSpec(key=TASK, rule=EverySlots(1), declared_cadence="every slot", max_attempts=2),
     TaskSpec(
         key=LOCKED,
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset=LOCKED,
         manual_trigger=False,
     ),
 )
@@ -290,7 +287,6 @@ REFUSALS = {
                 key=TASK,
                 rule=EverySlots(1),
                 declared_cadence="every slot",
-                asset=TASK,
                 manual_trigger=False,
             ),
         ),
@@ -493,7 +489,7 @@ def test_the_retry_re_executes_the_parents_last_run_with_dueledger_tags(
     assert (kind, parent_run) == ("reexecute", run_id)
     assert tags == {
         t.TAG_TASK: TASK,
-        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY.value,
         t.TAG_PARENT_ENTRY: str(parent.id),
         t.TAG_OPERATOR: "alice",
         t.TAG_REASON: "upstream fixed",

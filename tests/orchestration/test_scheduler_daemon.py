@@ -110,8 +110,8 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
         ledger=ledger,
         hooks=Hooks.from_environment(),
     )
-    scheduled = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.SCHEDULE})
-    manual = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.MANUAL})
+    scheduled = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.SCHEDULE.value})
+    manual = _task_runs(instance, **{t.TAG_TRIGGER: Trigger.MANUAL.value})
     assert len(scheduled) == 1 and len(manual) == 1
     assert manual[0].run_id == result.run_id == again.run_id
     assert again.existing and not result.existing

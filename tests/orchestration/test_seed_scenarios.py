@@ -27,7 +27,7 @@ order_cleanup = build(automation.order_cleanup)
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 SCHEDULED = scheduled(
-    {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: format_due(DUE)}
+    {t.TAG_TASK: "order_cleanup", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: format_due(DUE)}
 )
 
 
@@ -113,7 +113,7 @@ def test_c_a_due_and_a_manual_launch_in_the_same_second_both_execute(world):
     _, ledger, _, _ = world
     manual_tags = {
         t.TAG_TASK: "order_cleanup",
-        t.TAG_TRIGGER: Trigger.MANUAL,
+        t.TAG_TRIGGER: Trigger.MANUAL.value,
         t.TAG_REQUEST_ID: "run-now-1",
         t.TAG_OPERATOR: "ops",
         t.TAG_REASON: "customer asked",

@@ -5,8 +5,8 @@ from itertools import pairwise
 
 import pytest
 
+from orchestration.timetable import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
 from resources.core.due import floor_to_slot, format_due, parse_due
-from resources.core.plans import Cron, EverySlots, NthSlotOfDay, decide_tick, schedule_plan
 from resources.core.slots import (
     cron_cadence,
     cron_effective_cadence,
@@ -82,7 +82,7 @@ def test_a_cron_firing_mid_slot_keys_on_the_slot_start():
     ],
 )
 def test_effective_cadence_follows_from_rule_and_slot(name, rule, slot, tz, declared, effective):
-    from resources.core.registry import _cadences
+    from orchestration.task_spec import _cadences
 
     got_declared, got_effective = _cadences(rule, slot, tz)
     assert (got_declared.minutes, got_effective.minutes) == (declared, effective)

@@ -22,6 +22,16 @@ from dagster_internals import CodeTarget, daemon_instance, daemon_workspace
 from fixtures.retry_defs import EFFECTS_ENV, FAIL_ENV, LOCATION, SPECS
 from run_support import refused
 
+from orchestration.retry import (
+    ACTION_MANUAL_RETRY,
+    ACTION_RETRY_RUN,
+    ACTION_UI_REEXECUTION,
+    CHECK_MANUAL_TRIGGER,
+    CHECK_NOT_RETRIED,
+    CHECK_RECORDED,
+    CHECK_ROLE_RETRIER,
+    CHECK_STATUS,
+)
 from orchestration.services.launch import (
     REEXECUTE_MUTATION,
     reexecution_variables,
@@ -32,16 +42,6 @@ from resources.core import tags as t
 from resources.core.due import parse_due
 from resources.core.entry import ACTION_RUN_REFUSED, Status, Trigger
 from resources.core.operators import UI_OPERATOR, load_operators
-from resources.core.retry_rules import (
-    ACTION_MANUAL_RETRY,
-    ACTION_RETRY_RUN,
-    ACTION_UI_REEXECUTION,
-    CHECK_MANUAL_TRIGGER,
-    CHECK_NOT_RETRIED,
-    CHECK_RECORDED,
-    CHECK_ROLE_RETRIER,
-    CHECK_STATUS,
-)
 from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
 from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_retry
 
@@ -80,7 +80,7 @@ class Harness:
         included (the scheduler daemon adds it); executes synchronously."""
         all_tags = {
             t.TAG_TASK: task,
-            t.TAG_TRIGGER: Trigger.SCHEDULE,
+            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
             t.TAG_DUE: DUE,
             t.DAGSTER_SCHEDULE_NAME: f"{task}_schedule",
         }
@@ -413,7 +413,7 @@ def test_a_run_merely_tagged_as_a_retry_claims_nothing(harness: Harness) -> None
     _, parent = _failed_scheduled_run(h)
     effects_before = h.effects()
     forged = {
-        t.TAG_TRIGGER: Trigger.MANUAL_RETRY,
+        t.TAG_TRIGGER: Trigger.MANUAL_RETRY.value,
         t.TAG_PARENT_ENTRY: str(parent.id),
         t.TAG_OPERATOR: "mallory",
     }
@@ -563,7 +563,7 @@ def test_a_launchpad_run_of_a_task_that_is_not_manually_triggerable_is_refused_v
 
 def test_hand_typed_schedule_tags_do_not_make_a_launchpad_run_scheduled(harness: Harness) -> None:
     h = harness
-    typed = {t.TAG_TASK: LOCKED_TASK, t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: DUE}
+    typed = {t.TAG_TASK: LOCKED_TASK, t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: DUE}
 
     run_id = h._launch_run(f"{LOCKED_TASK}_job", typed)
 

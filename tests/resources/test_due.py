@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from orchestration.task_run import entry_request_from_tags
+from orchestration.timetable import Cron, decide_tick, schedule_plan
 from resources.core import tags as t
 from resources.core.due import Due, format_due, parse_due
 from resources.core.entry import Trigger, dedup_key_for_due
-from resources.core.plans import Cron, decide_tick, schedule_plan
-from resources.core.requests import entry_request_from_tags
 
 AT = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 
@@ -93,7 +93,7 @@ def test_the_schedule_the_tag_and_the_entry_request_carry_the_same_due() -> None
     decision = decide_tick(plan, AT + timedelta(minutes=0), 15)
     assert decision.skip_reason is None
     assert isinstance(decision.due, Due)
-    tags = {t.TAG_TASK: "x", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: decision.due.text}
+    tags = {t.TAG_TASK: "x", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: decision.due.text}
     request = entry_request_from_tags(tags, "run-1")
     assert request.due == decision.due
     assert request.dedup_key == decision.due.key

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from orchestration.task_run import entry_request_from_tags
 from resources.core import tags as t
 from resources.core.catchup import LAUNCH, LEAVE, RELAUNCH, RETRY, catch_up_step
 from resources.core.deadlines import deadline_miss
@@ -14,7 +15,6 @@ from resources.core.due import Due
 from resources.core.entry import Entry, Status, Trigger
 from resources.core.overlap import OverlapAction, decide_overlap
 from resources.core.pausing import failure_pause_reason, failure_streak
-from resources.core.requests import entry_request_from_tags
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 DEADLINE = timedelta(minutes=20)
@@ -150,10 +150,10 @@ def test_each_due_of_a_catch_up_gets_one_step(found, has_run, paused, only, acti
 
 
 def test_a_manual_run_naming_a_due_is_that_dues_run() -> None:
-    tags = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL, t.TAG_DUE: Due(DUE).text}
+    tags = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL.value, t.TAG_DUE: Due(DUE).text}
     request = entry_request_from_tags({**tags, t.TAG_OPERATOR: "alice"}, "run-1")
     assert (request.dedup_key, request.operator) == (Due(DUE).key, "alice")
     assert request.trigger == Trigger.MANUAL
     # Without a due it stays in the manual namespace.
-    launched = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL, t.TAG_REQUEST_ID: "r1"}
+    launched = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL.value, t.TAG_REQUEST_ID: "r1"}
     assert entry_request_from_tags(launched, "run-2").dedup_key == "manual:r1"

@@ -31,8 +31,7 @@ from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.core.due import Due, floor_to_slot
-from resources.core.plans import (
+from orchestration.timetable import (
     Cron,
     EverySlots,
     NthSlotOfDay,
@@ -41,9 +40,11 @@ from resources.core.plans import (
     local_cron,
     plan_dues,
     schedule_plan,
+    transitions_between,
+    zoned_dues,
 )
+from resources.core.due import Due, floor_to_slot
 from resources.core.slots import cron_fire_times
-from resources.core.zoned import transitions_between, zoned_dues
 
 EXAMPLES = int(os.environ.get("DUELEDGER_DST_EXAMPLES", "60"))
 ZONES = sorted(zoneinfo.available_timezones())

@@ -20,11 +20,11 @@ from sensor_support import fixture_module, target, task_runs
 
 from orchestration.services.audit import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import Cron, EverySlots, NthSlotOfDay
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger
-from resources.core.plans import Cron, EverySlots, NthSlotOfDay
-from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 pytestmark = pytest.mark.daemon
@@ -34,7 +34,7 @@ JUST_BEFORE_MIDNIGHT = MIDNIGHT - timedelta(minutes=30)
 
 
 def view(rule, slot: int = 15, timezone: str = "UTC"):
-    spec = TaskSpec(key="t", rule=rule, declared_cadence="x", asset="t")
+    spec = TaskSpec(key="t", rule=rule, declared_cadence="x")
     (v,) = build_views([spec], slot, timezone)
     return v
 

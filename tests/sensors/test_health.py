@@ -15,9 +15,9 @@ import pytest
 from sensor_support import fixture_module
 
 from orchestration.services.summary import ledger_summary, summary_markdown
+from orchestration.task_spec import Cron, EverySlots, TaskSpec, build_views
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
-from resources.core.registry import Cron, EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
 from sensors.health import build_slot_health_sensor
 
@@ -172,7 +172,7 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
         [build(ledger_health)],
         resources={"ledger": RunLedger(database_url=ledger_url)},
         instance=dg.DagsterInstance.ephemeral(),
-        tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: Trigger.SCHEDULE, t.TAG_DUE: due},
+        tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: due},
     )
     assert result.success
     (event,) = result.get_asset_materialization_events()
@@ -279,14 +279,11 @@ def _checked_tasks(result: dg.SensorResult) -> list[str]:
 
 def _two_cadences():
     specs = [
-        TaskSpec(
-            key="strict_task", rule=EverySlots(1), declared_cadence="slot", asset="strict_task"
-        ),
+        TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="slot"),
         TaskSpec(
             key="hourly_task",
             rule=Cron("0 * * * *"),
             declared_cadence="hourly",
-            asset="hourly_task",
         ),
     ]
     return build_views(specs, 15, "UTC")

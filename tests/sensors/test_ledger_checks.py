@@ -23,11 +23,11 @@ from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.outcomes import reconcile_events, settle_abandoned_retries
 from orchestration.services.reclaim import reclaim_leases
 from orchestration.services.runtime import task_run
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import Status, Trigger
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 SLOT = timedelta(minutes=15)
@@ -36,7 +36,6 @@ SPEC = TaskSpec(
     key="checked_task",
     rule=EverySlots(1),
     declared_cadence="every slot",
-    asset="checked_task",
     timeout=timedelta(minutes=1),
     lease_ttl=timedelta(minutes=2),
 )
@@ -54,7 +53,7 @@ def checked_task(context: dg.AssetExecutionContext, ledger: RunLedger):
 def scheduled(due: datetime, **extra: str) -> dict[str, str]:
     return {
         t.TAG_TASK: SPEC.key,
-        t.TAG_TRIGGER: Trigger.SCHEDULE,
+        t.TAG_TRIGGER: Trigger.SCHEDULE.value,
         t.TAG_DUE: format_due(due),
         **extra,
     }
@@ -345,7 +344,7 @@ def test_slot_health_reports_the_ledger_checks_and_the_catalog_executes_them(
         ) as instance,
         daemon_workspace(instance, target("health_defs")) as ctx,
     ):
-        tags = {t.TAG_TASK: "failing_task", t.TAG_TRIGGER: Trigger.SCHEDULE}
+        tags = {t.TAG_TASK: "failing_task", t.TAG_TRIGGER: Trigger.SCHEDULE.value}
         claimed = dg.materialize(
             [failing],
             resources={"ledger": ledger},

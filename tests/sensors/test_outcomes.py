@@ -31,6 +31,7 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
+from orchestration.retry import is_retry_of_a_dispatch_failure
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
 from orchestration.services.outcomes import (
     reconcile_events,
@@ -38,18 +39,17 @@ from orchestration.services.outcomes import (
     settle_abandoned_retries,
 )
 from orchestration.services.views import task_views
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.instants import utc_now
 from resources.core.outcomes import Action, RunOutcome, decide
-from resources.core.plans import EverySlots
 from resources.core.redispatch import (
     plan_redispatch,
     redispatch_interval_seconds,
     redispatch_run_key,
 )
-from resources.core.registry import TaskSpec, build_views
-from resources.core.requests import is_retry_of_a_dispatch_failure
 from resources.ledger import RunLedger
 from sensors import build_sensors
 
@@ -628,7 +628,7 @@ def _claimed(ledger: RunLedger, run_id: str, *, attempts: int = 3):
 
 TAGS = {
     t.TAG_TASK: "strict_task",
-    t.TAG_TRIGGER: Trigger.SCHEDULE,
+    t.TAG_TRIGGER: Trigger.SCHEDULE.value,
     t.TAG_DUE: "2026-11-30T22:45:00Z",
 }
 LATER = DUE + timedelta(minutes=3)
@@ -795,7 +795,7 @@ def test_a_retry_dagster_announced_then_abandoned_does_not_leave_the_entry_retry
     # Dagster tags a failed run will_retry=true, then rewrites it to false when creating the
     # retry fails -- with no new run event. The sweep must notice, or `retrying` is forever.
     views = build_views(
-        [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
+        [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x")],
         15,
         "UTC",
     )
@@ -855,7 +855,7 @@ def test_what_dagster_will_still_do_about_a_retry(status, will_retry, after, exp
 
 
 _STRICT_VIEWS = build_views(
-    [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x", asset="a")],
+    [TaskSpec(key="strict_task", rule=EverySlots(1), declared_cadence="x")],
     15,
     "UTC",
 )

@@ -19,13 +19,13 @@ from policy_support import POLICY_DEFS, World, policy_world, soon
 from orchestration.services.accounting import account_latest_due
 from orchestration.services.pausing import pause_task, resume_task
 from orchestration.services.summary import ledger_summary
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core import alerting as a
 from resources.core import tags as t
 from resources.core.deadlines import ACTION_DEADLINE_MISSED
 from resources.core.due import Due
 from resources.core.entry import Status, Trigger
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger
 
 pytestmark = pytest.mark.daemon
@@ -37,7 +37,6 @@ def _spec(key: str, **kw: object) -> TaskSpec:
     base: dict[str, object] = {
         "rule": EverySlots(1),
         "declared_cadence": "every slot",
-        "asset": key,
         "timeout": timedelta(minutes=1),
         "lease_ttl": timedelta(minutes=2),
         "max_attempts": 1,
@@ -94,7 +93,7 @@ def test_a_paused_task_runs_no_due_and_each_due_is_recorded_skipped(world: World
     # ends CANCELED, its entry skipped for the pause.
     late = world.ui_launch(
         {
-            t.TAG_TRIGGER: Trigger.SENSOR,
+            t.TAG_TRIGGER: Trigger.SENSOR.value,
             t.TAG_DUE: Due(world.at(1)).text,
             t.DAGSTER_SENSOR_NAME: "deadline_task_redispatch_sensor",
         }

@@ -22,11 +22,11 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs
 
+from orchestration.task_spec import EverySlots, TaskSpec, build_views
 from resources.core import tags as t
 from resources.core.due import Due
 from resources.core.entry import Status, Trigger
 from resources.core.redispatch import REDISPATCH_STATUSES
-from resources.core.registry import EverySlots, TaskSpec, build_views
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 from sensors.redispatch import build_redispatch_sensor
@@ -39,7 +39,7 @@ NEXT_SLOT = DUE + timedelta(minutes=15)
 
 
 def _spec(key: str) -> TaskSpec:
-    return TaskSpec(key=key, rule=EverySlots(1), declared_cadence="every slot", asset=key)
+    return TaskSpec(key=key, rule=EverySlots(1), declared_cadence="every slot")
 
 
 VIEWS = build_views([_spec("alpha"), _spec("beta"), _spec("gamma")], 15, "UTC")

@@ -32,11 +32,11 @@ from orchestration.services.accounting import (
 from orchestration.services.audit import audit_tasks
 from orchestration.services.scheduling import sync_schedules
 from orchestration.services.summary import ledger_summary
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core.due import format_due
 from resources.core.entry import Trigger
 from resources.core.operators import UI_OPERATOR
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
 from resources.ledger import RunLedger, dedup_key_for_due
 
 SLOT = timedelta(minutes=15)
@@ -44,7 +44,6 @@ SPEC = TaskSpec(
     key="order_cleanup",
     rule=EverySlots(1),
     declared_cadence="every slot",
-    asset="order_cleanup",
     timeout=timedelta(minutes=5),
     lease_ttl=timedelta(minutes=10),
 )

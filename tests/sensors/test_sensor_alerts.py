@@ -157,7 +157,7 @@ def test_a_slot_health_report_repeated_for_its_slot_is_delivered_once(
 
 # --- the outcome sensor: dispatch failures and lost retries ------------------------------------
 
-_TAGS = {t.TAG_TASK: "strict_task", t.TAG_TRIGGER: Trigger.SCHEDULE}
+_TAGS = {t.TAG_TASK: "strict_task", t.TAG_TRIGGER: Trigger.SCHEDULE.value}
 
 
 def _failed_run(

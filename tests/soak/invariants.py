@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from orchestration.retry import is_retry_of_a_dispatch_failure
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status
-from resources.core.requests import is_retry_of_a_dispatch_failure
 from resources.ledger import Entry, dedup_key_for_due
 from resources.source_schema import naive_utc
 

@@ -35,8 +35,8 @@ import sqlalchemy as sa
 from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
 from orchestration.services.runtime import task_run
-from resources.core.plans import EverySlots
-from resources.core.registry import TaskSpec, build_views
+from orchestration.task_spec import TaskSpec, build_views
+from orchestration.timetable import EverySlots
 from resources.core.settings import ENV_SOURCE_URL
 from resources.ledger import RunLedger
 from resources.notifier import Notifier, dispatch_notifications
@@ -62,7 +62,6 @@ SPECS = tuple(
         key=f"soak_{i:02d}",
         rule=EverySlots(1),
         declared_cadence="every slot",
-        asset=f"soak_{i:02d}",
         timeout=TIMEOUT,
         lease_ttl=LEASE_TTL,
         max_attempts=3,

@@ -1,9 +1,9 @@
-"""Typed task specifications, their validation, and the view each implies.
+"""What a task is: its declaration (:class:`TaskSpec`), the checks a declaration must pass, and
+the view of it under this process's slot and time zone (:class:`TaskView`). Dagster-free.
 
-A task is declared once (see ``orchestration/tasks.py``); everything Dagster sees — the
-job, the schedule, its cron and timezone, tags, descriptions — is derived from it here,
-in ``resources/core/plans.py`` (rules, schedule plans, ticks) and in
-``orchestration/factory.py``. Nothing in this module imports Dagster.
+A task is declared once, in the ``defs.yaml`` beside its body (``orchestration/declarations.py``
+reads it); everything Dagster sees -- the job, the schedule, its cron and time zone, tags,
+descriptions -- is derived from the spec and its timetable (``orchestration/timetable.py``).
 """
 
 from __future__ import annotations
@@ -13,19 +13,25 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Final
 
-from resources.core.due import Due
-from resources.core.instants import as_utc
-from resources.core.plans import (
+from orchestration.timetable import (
     Cron,
     EverySlots,
+    ListedDue,
     NthSlotOfDay,
     Rule,
     SchedulePlan,
+    Window,
+    list_dues,
     local_cron,
     schedule_plan,
+    zone_problem,
 )
-from resources.core.policies import OVERLAP_QUEUE, policy_problem
+from resources.core.due import Due
+from resources.core.errors import InvalidInput
+from resources.core.instants import as_utc
 from resources.core.slots import Cadence, cron_cadence, cron_effective_cadence, is_valid_cron
 from resources.core.tags import (
     DAGSTER_MAX_RETRIES,
@@ -36,16 +42,49 @@ from resources.core.tags import (
     TAG_TASK,
 )
 
-STRICT_CURRENT_SLOT = "strict_current_slot"
-CATCH_UP = "catch_up"
-MISSED_SLOT_POLICIES = (STRICT_CURRENT_SLOT, CATCH_UP)
+
+class OverlapPolicy(StrEnum):
+    """What a run does when its task is already running (the rule: ``orchestration/overlap.py``)."""
+
+    #: Later runs wait in the task's Dagster pool (one run of the task at a time).
+    QUEUE = "queue"
+    #: A run that finds the task running is not run: its entry ends ``skipped``.
+    SKIP = "skip"
+    #: At most one run waits for the running one; any further one is ``skipped``.
+    BUFFER_ONE = "buffer_one"
+    #: A new run ends the running one (``failed``, kind ``replaced``) and runs.
+    REPLACE = "replace"
+    #: Runs of the task run side by side (a task declared ``concurrent_safe=True`` only).
+    ALLOW = "allow"
+
+
+class MissedSlotPolicy(StrEnum):
+    """What becomes of a due the scheduler never fired (``orchestration/catch_up.py``)."""
+
+    #: Only the current slot runs; a missed due is reported, not run.
+    STRICT_CURRENT_SLOT = "strict_current_slot"
+    #: A missed due inside ``catch_up_window`` is run by the task's catch-up sensor.
+    CATCH_UP = "catch_up"
+
+
+#: The overlap policies the ledger decides when a run claims (their task asset has no Dagster
+#: pool, so a second run starts and asks); ``queue`` is Dagster's pool, ``allow`` is nothing.
+LEDGER_OVERLAP_POLICIES: Final = (
+    OverlapPolicy.SKIP,
+    OverlapPolicy.BUFFER_ONE,
+    OverlapPolicy.REPLACE,
+)
 #: A catch-up window longer than this would let a long outage replay a flood of dues.
-MAX_CATCH_UP_WINDOW = timedelta(days=7)
+MAX_CATCH_UP_WINDOW: Final = timedelta(days=7)
+#: Longest deadline: the deadline sweep and ``deadline_missed_24h`` look this far back.
+MAX_DEADLINE: Final = timedelta(days=7)
+#: Most consecutive failures a task may wait for before it pauses itself.
+MAX_PAUSE_AFTER_FAILURES: Final = 1000
 #: Partitioning a task's asset may declare: one partition per UTC day (backfills by day).
-PARTITIONS_DAILY = "daily"
-PARTITION_SCHEMES = (PARTITIONS_DAILY,)
+PARTITIONS_DAILY: Final = "daily"
+PARTITION_SCHEMES: Final = (PARTITIONS_DAILY,)
 #: First day of daily partitions (a backfill cannot reach further back).
-DAILY_PARTITIONS_START = "2025-01-01"
+DAILY_PARTITIONS_START: Final = "2025-01-01"
 
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
@@ -55,7 +94,8 @@ class TaskSpecError(ValueError):
 
     def __init__(self, task_key: str, field_name: str, problem: str) -> None:
         super().__init__(
-            f"task {task_key!r}: {field_name}: {problem} (fix it in orchestration/tasks.py)"
+            f"task {task_key!r}: {field_name}: {problem} (fix it where the task is declared, "
+            f"its defs.yaml)"
         )
         self.task_key = task_key
         self.field_name = field_name
@@ -63,24 +103,27 @@ class TaskSpecError(ValueError):
         self.problem = problem
 
 
+class UnknownTask(InvalidInput):
+    """No registered task has this key (exit 2); the message lists the registered ones."""
+
+
 # --- task spec ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TaskSpec:
-    """One unit of scheduled work: a Dagster job materializing ``asset``, on ``rule``."""
+    """One unit of scheduled work: a Dagster job materializing the asset ``key``, on ``rule``."""
 
     key: str
     rule: Rule
     declared_cadence: str
-    asset: str
     description: str = ""
     timeout: timedelta = timedelta(minutes=10)
     lease_ttl: timedelta = timedelta(minutes=15)
     max_attempts: int = 3
     manual_trigger: bool = True
-    missed_slot_policy: str = STRICT_CURRENT_SLOT
+    missed_slot_policy: str = MissedSlotPolicy.STRICT_CURRENT_SLOT
     catch_up_window: timedelta | None = None
-    #: What a run does when the task is already running (resources/core/policies.py).
-    overlap_policy: str = OVERLAP_QUEUE
+    #: What a run does when the task is already running.
+    overlap_policy: str = OverlapPolicy.QUEUE
     #: The task's runs may overlap without harm (required by overlap_policy="allow").
     concurrent_safe: bool = False
     #: After this many consecutive final failures the task pauses itself (None: never).
@@ -92,13 +135,26 @@ class TaskSpec:
     #: None, or "daily": the asset has UTC-daily partitions and each scheduled run
     #: targets the partition of its due's day (so the UI can backfill by day).
     partitions: str | None = None
-    #: Where the task is declared: "core" (orchestration/tasks.py) or "plugin:<name>", set
-    #: by the plugin loader (orchestration/services/task_plugins.py), never by a plugin itself.
+    #: Where the task is declared: "core" (a folder of ``assets/``) or "plugin:<name>", set by
+    #: the loader (``orchestration/declarations.py``), never by a declaration itself.
     source: str = SOURCE_CORE
+
+    def __post_init__(self) -> None:
+        # Policies are kept as their plain names: they travel into Dagster metadata, whose
+        # serializer refuses enum members.
+        for name in ("overlap_policy", "missed_slot_policy"):
+            value = getattr(self, name)
+            if isinstance(value, StrEnum):
+                object.__setattr__(self, name, value.value)
+
+    @property
+    def asset(self) -> str:
+        """The task's asset: named after the task."""
+        return self.key
 
     @property
     def from_plugin(self) -> bool:
-        """Declared by an installed plugin, not in orchestration/tasks.py."""
+        """Declared by an installed plugin, not in a folder of ``assets/``."""
         return self.source != SOURCE_CORE
 
     @property
@@ -108,6 +164,11 @@ class TaskSpec:
     @property
     def schedule_name(self) -> str:
         return f"{self.key}_schedule"
+
+    @property
+    def uses_task_pool(self) -> bool:
+        """Does the task's asset sit in a Dagster pool of one slot (overlap ``queue``)?"""
+        return self.overlap_policy == OverlapPolicy.QUEUE
 
 
 @dataclass(frozen=True)
@@ -127,6 +188,26 @@ class TaskView:
     def rule_zone(self) -> str:
         """The zone the rule is read in: UTC for ``EverySlots``, else the task's zone."""
         return "UTC" if isinstance(self.spec.rule, EverySlots) else self.zone
+
+    def dues(
+        self,
+        start: datetime,
+        *,
+        end: datetime | None = None,
+        count: int | None = None,
+        pauses: Sequence[Window] = (),
+    ) -> list[ListedDue]:
+        """The dues the task's schedule produces from ``start`` (see ``timetable.list_dues``)."""
+        return list_dues(
+            self.plan,
+            self.slot_minutes,
+            self.rule_zone,
+            start,
+            step=timedelta(minutes=self.effective.minutes),
+            end=end,
+            count=count,
+            pauses=pauses,
+        )
 
     def as_json(self) -> dict[str, object]:
         s = self.spec
@@ -173,6 +254,46 @@ def _cadences(rule: Rule, slot_minutes: int, timezone: str) -> tuple[Cadence, Ca
     return Cadence(rule.n * slot_minutes), Cadence(rule.n * slot_minutes)
 
 
+def _policy_problem(spec: TaskSpec) -> tuple[str, str] | None:
+    """The first problem of a declaration's policy values, as ``(field, problem)``."""
+    overlap, safe, after = spec.overlap_policy, spec.concurrent_safe, spec.pause_after_failures
+    if overlap not in tuple(OverlapPolicy):
+        return (
+            "overlap_policy",
+            f"unknown policy {overlap!r}; use one of {', '.join(OverlapPolicy)}",
+        )
+    if not isinstance(safe, bool):
+        return "concurrent_safe", f"must be True or False, got {safe!r}"
+    if overlap == OverlapPolicy.ALLOW and not safe:
+        return (
+            "overlap_policy",
+            "'allow' runs several runs of the task at once; declare concurrent_safe=True only "
+            "when its side effects stay exactly-once under concurrency, else use 'queue'",
+        )
+    if after is not None and (
+        isinstance(after, bool)
+        or not isinstance(after, int)
+        or not 1 <= after <= MAX_PAUSE_AFTER_FAILURES
+    ):
+        return (
+            "pause_after_failures",
+            f"must be None or a whole number from 1 to {MAX_PAUSE_AFTER_FAILURES}, got {after!r}",
+        )
+    deadline = spec.deadline
+    if deadline is not None and (
+        not isinstance(deadline, timedelta) or not timedelta(0) < deadline <= MAX_DEADLINE
+    ):
+        return (
+            "deadline",
+            f"must be None or a duration after the due in (0, {MAX_DEADLINE}], got {deadline!r}",
+        )
+    if spec.timezone is not None:
+        problem = zone_problem(spec.timezone)
+        if problem is not None:
+            return "timezone", problem
+    return None
+
+
 def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
     """Raise TaskSpecError naming the task and the field for the first problem found."""
     key = spec.key
@@ -202,8 +323,6 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
         )
     if not spec.declared_cadence.strip():
         raise TaskSpecError(key, "declared_cadence", "must say how often the task is meant to run")
-    if not spec.asset:
-        raise TaskSpecError(key, "asset", "must name the asset the task's job materializes")
     if spec.timeout <= timedelta(0):
         raise TaskSpecError(key, "timeout", f"must be positive, got {spec.timeout}")
     if spec.lease_ttl <= spec.timeout:
@@ -215,14 +334,13 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
         )
     if not isinstance(spec.max_attempts, int) or spec.max_attempts < 1:
         raise TaskSpecError(key, "max_attempts", f"must be >= 1, got {spec.max_attempts!r}")
-    if spec.missed_slot_policy not in MISSED_SLOT_POLICIES:
+    if spec.missed_slot_policy not in tuple(MissedSlotPolicy):
         raise TaskSpecError(
             key,
             "missed_slot_policy",
-            f"unknown policy {spec.missed_slot_policy!r}; "
-            f"use one of {', '.join(MISSED_SLOT_POLICIES)}",
+            f"unknown policy {spec.missed_slot_policy!r}; use one of {', '.join(MissedSlotPolicy)}",
         )
-    if spec.missed_slot_policy == CATCH_UP:
+    if spec.missed_slot_policy == MissedSlotPolicy.CATCH_UP:
         window = spec.catch_up_window
         if window is None or not timedelta(0) < window <= MAX_CATCH_UP_WINDOW:
             raise TaskSpecError(
@@ -241,13 +359,7 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
             f"unknown scheme {spec.partitions!r}; "
             f"use None or one of {', '.join(PARTITION_SCHEMES)}",
         )
-    problem = policy_problem(
-        overlap_policy=spec.overlap_policy,
-        concurrent_safe=spec.concurrent_safe,
-        pause_after_failures=spec.pause_after_failures,
-        deadline=spec.deadline,
-        timezone=spec.timezone,
-    )
+    problem = _policy_problem(spec)
     if problem is not None:
         raise TaskSpecError(key, *problem)
     source = spec.source
@@ -260,7 +372,7 @@ def validate_spec(spec: TaskSpec, slot_minutes: int) -> None:
             key,
             "source",
             f"{source!r} is neither {SOURCE_CORE!r} nor '{SOURCE_PLUGIN_PREFIX}<name>' "
-            f"(the plugin loader sets it; leave it out of a TaskSpec)",
+            f"(the plugin loader sets it; leave it out of a declaration)",
         )
 
 
@@ -268,7 +380,7 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
     """Validate every spec and derive plan and cadences; duplicates are an error.
 
     A load-time ``UserWarning`` is emitted for every task whose declared cadence is finer
-    than what its slot allows, so the difference shows up in `dagster dev` logs too.
+    than what its slot allows, so the difference shows up in `dg dev` logs too.
     """
     seen: set[str] = set()
     views: list[TaskView] = []
@@ -331,7 +443,7 @@ def task_keys_of_run(
     asset_keys: Iterable[str] | None,
     tags: Mapping[str, str],
 ) -> tuple[str, ...]:
-    """The tasks a Dagster run belongs to, from what Dagster records (DESIGN: attribution).
+    """The tasks a Dagster run belongs to, from what Dagster records (attribution).
 
     Its ``dueledger/task`` tag when it has one; else its job (``<task>_job``); else the
     tasks whose assets it executes (the implicit asset job of a Catalog "Materialize" or an
@@ -356,11 +468,10 @@ def find_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec | None:
 
 
 def require_task(specs: Iterable[TaskSpec], key: str) -> TaskSpec:
-    """The spec registered under ``key``; a KeyError naming the registry when it is gone.
-
-    Used by task assets: an asset whose task was removed is a programming error.
-    """
+    """The spec registered under ``key``; :class:`UnknownTask` listing the registered ones."""
+    specs = list(specs)
     spec = find_task(specs, key)
     if spec is None:
-        raise KeyError(f"no task {key!r} in orchestration/tasks.py or an allowed plugin")
+        known = ", ".join(s.key for s in specs) or "none"
+        raise UnknownTask(f"unknown task {key!r}; registered tasks: {known}")
     return spec

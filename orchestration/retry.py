@@ -1,19 +1,17 @@
-"""The rules of a manual retry (DESIGN rule 4) as pure checks, one :class:`Decision` each.
-
-Every check is evaluated (not only up to the first failure) so the audit record shows them
-all; the services (``orchestration/services/retry.py``, ``reexecution.py``) decide and
-record them in one ledger transaction. No database, no Dagster, no clock.
-"""
+"""Retries: Dagster's automatic attempts of an entry, and the manual retry of a failed entry
+(`dueledger runs retry`, or "Re-execute" in the Dagster UI) with its lineage."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
-from resources.core.entry import Entry, FailureKind, Status
+from orchestration.task_run import EntryRequest, entry_request_from_tags
+from orchestration.task_spec import TaskSpec
+from resources.core import tags as t
+from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.core.instants import iso
 from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER, Decision, Operators
-from resources.core.registry import TaskSpec
 
 #: Audit actions.
 ACTION_MANUAL_RETRY: Final = "manual_retry"
@@ -191,3 +189,41 @@ def evaluate_child_redispatch(
             else f"{who} was itself retried by {child.manual_retry_by}; see its child",
         ),
     ]
+
+
+def ui_reexecution_parent(
+    tags: Mapping[str, str], parent_tags: Mapping[str, str] | None
+) -> EntryRequest | None:
+    """For a re-execution started from the Dagster UI, the ledger key of its parent run's
+    entry; None for every other run (DESIGN rule 4: the UI follows the manual-retry rules).
+
+    A UI re-execution has ``dagster/parent_run_id`` and no ``dagster/retry_number`` (that
+    one marks Dagster's automatic retries). A run launched by `dueledger runs retry`
+    carries ``dueledger/trigger=manual_retry`` tags that its parent run did not have;
+    Dagster copies a parent's tags onto a re-execution, so the same tags also present on
+    the parent mean a UI re-execution of a manual-retry run. ``parent_tags`` are the
+    parent run's current tags (None when Dagster no longer has that run).
+    """
+    parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
+    if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
+        return None
+    if tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
+        inherited = (
+            parent_tags is not None
+            and parent_tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY
+            and parent_tags.get(t.TAG_PARENT_ENTRY) == tags[t.TAG_PARENT_ENTRY]
+        )
+        if not inherited:
+            return None
+    # The parent's own key; its copied tags give the same key when the run is gone.
+    source = parent_tags if parent_tags is not None and t.TAG_TASK in parent_tags else tags
+    return entry_request_from_tags(source, parent_run_id)
+
+
+def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:
+    """Pure: is this run Dagster's automatic retry of a run that made ``entry``
+    dispatch_failed (its parent or root run is in the entry's ``dispatch_failures``)?"""
+    if t.DAGSTER_RETRY_NUMBER not in run_tags or entry.status != Status.DISPATCH_FAILED:
+        return False
+    lineage = {run_tags.get(t.DAGSTER_PARENT_RUN_ID), run_tags.get(t.DAGSTER_ROOT_RUN_ID)}
+    return bool(lineage & entry.dispatch_failure_run_ids)
