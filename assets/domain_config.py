@@ -19,7 +19,7 @@ from typing import TypeVar
 import dagster as dg
 from pydantic import Field, model_validator
 
-from assets.policies import (
+from assets.tunables import (
     ARCHIVE_FORMAT,
     ArchivePolicy,
     AutoRenewPolicy,

@@ -50,11 +50,11 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from assets.billing import overdue_reminders_due, render_reminders, renewal_notices_due
-from assets.policies import AutoRenewPolicy, ReminderPolicy, TicketAutoClosePolicy
-from assets.reconcile import KIND_BALANCE, KIND_INVOICE, KIND_PAYMENT, reconcile_balances
-from assets.renewals import plan_auto_renew
-from assets.tickets import select_tickets_to_close
+from assets.billing.reconcile import KIND_BALANCE, KIND_INVOICE, KIND_PAYMENT, reconcile_balances
+from assets.billing.reminders import overdue_reminders_due, render_reminders, renewal_notices_due
+from assets.services.renewals import plan_auto_renew
+from assets.tickets.auto_close import select_tickets_to_close
+from assets.tunables import AutoRenewPolicy, ReminderPolicy, TicketAutoClosePolicy
 from resources.sample_data import build_sample_frames
 from resources.source_store import create_schema, make_engine
 

@@ -153,8 +153,9 @@ def instance_config(storage: dict[str, Any] | None) -> dict[str, Any]:
 def dueledger_workload(label: str, root: Path, tasks: Sequence[str] = ()) -> Workload:
     # Imported here: the project's task registry and tags, read from this checkout only
     # to name the jobs (the measured processes import the checkout given by ``root``).
-    from orchestration.services.manual import manual_tags
     from orchestration.tasks import TASKS
+
+    from orchestration.manual_launch import manual_tags
 
     specs = [s for s in TASKS if s.manual_trigger and (not tasks or s.key in tasks)]
     jobs: list[tuple[str, dict[str, str]]] = [(s.job_name, {}) for s in specs]

@@ -53,8 +53,8 @@ from _paths import ROOT  # first: puts the project and tests/ on sys.path
 import psycopg2
 import sqlalchemy as sa
 
-from resources.core.entry import Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_request
+from resources.core.entry import Status, Trigger, dedup_key_for_request
+from resources.ledger import RunLedger
 
 TTL = timedelta(minutes=5)
 TTL_SECONDS = int(TTL.total_seconds())

@@ -59,8 +59,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from run import KIND_CHECK, Row, write_json
 
 from orchestration.cli.exposition import LedgerCollector
+from orchestration.declarations import task_views
 from orchestration.services.metrics import MissedDuesMemo, scrape
-from orchestration.services.views import task_views
 from resources.core.entry import TERMINAL_STATUSES, FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.schema import alert_deliveries, entries

@@ -62,9 +62,10 @@ PAGE_SQL = "SELECT * FROM dueledger_entries ORDER BY created_at DESC, id DESC LI
 
 def make_ledger(url: str, entries: int, now: datetime) -> None:
     """``entries`` scheduled entries of the registered tasks, newest slot first, in bulk."""
-    from orchestration.services.views import task_views
+    from orchestration.declarations import task_views
     from resources.core.due import floor_to_slot
-    from resources.ledger import Ledger, dedup_key_for_due
+    from resources.core.entry import dedup_key_for_due
+    from resources.ledger import Ledger
     from resources.ledger.schema import entries as table
 
     ledger = Ledger.open(url)
@@ -195,7 +196,7 @@ def health_materialization(url: str, entries: int, rounds: int, now: datetime) -
     """ledger_health materialized in process vs a one-asset materialization, alternating."""
     import dagster as dg
 
-    from assets.ledger_health import ledger_health
+    from assets.ledger_health.tasks import ledger_health
     from orchestration.services.hooks import HookRegistry, Hooks
     from resources.core import tags as t
     from resources.core.due import floor_to_slot, format_due

@@ -50,6 +50,7 @@ import sqlalchemy as sa
 from ledger_queries import SLOT, START, TASKS, build, capture_sql, explain, plan_problems
 from run import Row, write_json
 
+from orchestration.reclaim import reclaim_expired
 from resources.core.entry import FailureKind, Status
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
@@ -243,7 +244,7 @@ def measure(ledger: Ledger, repeat: int) -> Timings:
     limit = RECLAIM_LIMIT
     try:
         with capture_sql(ledger.scan_sql):
-            led.reclaim_expired(now=ledger.now, dry_run=True)  # connect + warm, and the SQL
+            reclaim_expired(led, now=ledger.now, dry_run=True)  # connect + warm, and the SQL
         ledger.scan_sql[:] = [s for s in ledger.scan_sql if "FROM dueledger_entries" in s[0]]
         with engine.connect() as conn:
             baseline_select(conn, ledger.now, limit)
@@ -251,7 +252,7 @@ def measure(ledger: Ledger, repeat: int) -> Timings:
             reset(ledger, engine)
             # Alternate which goes first, so neither always meets the colder cache.
             pair: list[tuple[str, Callable[[], Any]]] = [
-                ("scan", lambda: led.reclaim_expired(now=ledger.now, dry_run=True)),
+                ("scan", lambda: reclaim_expired(led, now=ledger.now, dry_run=True)),
                 ("select", lambda: _select(engine, ledger.now, limit)),
             ]
             for name, fn in pair if r % 2 == 0 else pair[::-1]:
@@ -259,7 +260,7 @@ def measure(ledger: Ledger, repeat: int) -> Timings:
                 getattr(out, name).append(ms)
                 if len(rows) != len(ledger.expired):
                     out.problems.append(f"{name} returned {len(rows)} rows")
-            ms, reclaimed = _ms(lambda: led.reclaim_expired(now=ledger.now))
+            ms, reclaimed = _ms(lambda: reclaim_expired(led, now=ledger.now))
             out.reclaim.append(ms)
             out.problems += check(ledger, engine, {e.id for e in reclaimed})
             reset(ledger, engine)

@@ -374,7 +374,7 @@ def drain_rows(sizes: Sequence[int], runs: int, work: Path) -> list[Row]:
     dueledger runs are) against as many runs of one-asset jobs in a location of N jobs."""
     import drain  # bench/drain.py: imported here, only this part starts its daemons
 
-    from orchestration.services.manual import manual_tags
+    from orchestration.manual_launch import manual_tags
     from orchestration.task_spec import Cron, TaskSpec
 
     rows: list[Row] = []

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from scale_grid import GridTask, grid
 
+from orchestration.task_defs import task_jobs_and_schedules
+
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 DUELEDGER, PLAIN = "dueledger", "plain"
@@ -41,10 +43,9 @@ def dueledger_definitions():  # -> dg.Definitions (imported lazily: see the modu
     import dagster as dg
 
     from assets.domain_config import domain_resources
-    from orchestration.catalog import build_resources, location_hooks, plugin_task_definitions
     from orchestration.checks import build_ledger_checks, build_task_checks
-    from orchestration.factory import build_task_definitions
-    from orchestration.services.views import task_views
+    from orchestration.declarations import task_views
+    from orchestration.definitions import build_resources, location_hooks, plugin_task_definitions
     from resources.core.instants import utc_now
     from resources.core.settings import load_settings
     from sensors import build_sensors
@@ -52,7 +53,7 @@ def dueledger_definitions():  # -> dg.Definitions (imported lazily: see the modu
     settings = load_settings()
     hooks = location_hooks(settings)
     views = [v for v in task_views(settings) if v.spec.from_plugin]
-    jobs, schedules = build_task_definitions(views, hooks=hooks, loaded_at=utc_now())
+    jobs, schedules = task_jobs_and_schedules(views, hooks=hooks, loaded_at=utc_now())
     return dg.Definitions(
         assets=plugin_task_definitions(hooks, settings),
         asset_checks=[*build_task_checks(views), *build_ledger_checks(views)],

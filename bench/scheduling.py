@@ -59,9 +59,9 @@ from dagster_internals import (
 )
 from run import Row, write_json
 
-from orchestration.factory import build_task_definitions
 from orchestration.services import hooks
 from orchestration.services.hooks import Hooks
+from orchestration.task_defs import task_jobs_and_schedules
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
@@ -108,7 +108,7 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
     assets = [_trivial_asset(s.asset) for s in specs]
     if variant == "dueledger":
         # Whatever plugin listeners this environment installs, as a code location loads them.
-        jobs, schedules = build_task_definitions(views, hooks=Hooks.from_environment())
+        jobs, schedules = task_jobs_and_schedules(views, hooks=Hooks.from_environment())
         # Each tick reads the task's open pauses from the ledger (issue 24): part of the cost.
         return dg.Definitions(
             assets=assets,

@@ -1,46 +1,71 @@
 """The dueledger code location: assembles Definitions; decides nothing.
 
-Loaded by `dagster dev` through workspace.yaml (module orchestration.definitions,
-attribute defs).
+Loaded by `dg dev` / `dagster dev` through workspace.yaml and ``[tool.dg]`` (module
+orchestration.definitions, attribute defs). Every task comes from its declaration -- the
+``defs.yaml`` beside its body under ``assets/``, or an allowed plugin's
+(``orchestration/declarations.py``) -- through the one factory (``orchestration/task_defs.py``).
 """
+
+import os
 
 import dagster as dg
 
-from assets.automation import TASK_ASSETS
-from assets.domain_assets import DOMAIN_ASSETS
 from assets.domain_config import domain_resources
-from assets.ledger_health import ledger_health
-from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.catalog import build_resources, location_hooks, plugin_task_definitions
 from orchestration.checks import build_ledger_checks, build_task_checks
-from orchestration.factory import build_task_definitions
-from orchestration.services.task_plugins import TaskAssetLike
-from orchestration.services.views import task_views
+from orchestration.declarations import registered_tasks, task_registry, task_views
+from orchestration.services.hooks import Hooks
+from orchestration.task_defs import task_definitions
 from resources.core.instants import utc_now
-from resources.core.settings import load_settings
-from sensors import SENSORS
+from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
+from resources.ledger import RunLedger
+from resources.notifier import OutboxNotifier
+from resources.source_store import SourceStore
+from sensors import build_sensors
+
+
+def build_resources(settings: Settings | None = None) -> dict[str, dg.ConfigurableResource]:
+    """The platform's resources: ledger, source store, notifier (the domain adds its business
+    rules, ``assets.domain_config.domain_resources``).
+
+    Database URLs given through the environment stay ``dg.EnvVar`` references, so a
+    production password never appears in the UI's resource config; the local default is a
+    plain SQLite path under DAGSTER_HOME.
+    """
+    settings = settings or load_settings()
+    ledger_url = (
+        dg.EnvVar(ENV_DATABASE_URL) if os.environ.get(ENV_DATABASE_URL) else settings.ledger_url
+    )
+    source_url = (
+        dg.EnvVar(ENV_SOURCE_URL) if os.environ.get(ENV_SOURCE_URL) else settings.source_url
+    )
+    return {
+        "ledger": RunLedger(database_url=ledger_url),
+        "source": SourceStore(url=source_url),
+        # Notifications go to the source store's outbox by default (a relay delivers
+        # them); swap in resources.notifier.SmtpNotifier(...) to send email directly.
+        "notifier": OutboxNotifier(),
+    }
+
 
 _settings = load_settings()
-# The code location's plugin hooks, built once; listeners load on first use, not here.
-_hooks = location_hooks(_settings)
 _views = task_views(_settings)
-# The schedules' metadata lists each task's next dues as of this load.
-_jobs, _schedules = build_task_definitions(_views, hooks=_hooks, loaded_at=utc_now())
-_task_assets: list[TaskAssetLike] = [*TASK_ASSETS, *DOMAIN_ASSETS, ledger_health, *SLOT_TICK_ASSETS]
+# The code location's plugin hooks, built once; listeners load on first use, not here.
+_hooks = Hooks.from_environment()
+_loaded_at = utc_now()  # the schedules' metadata lists each task's next dues as of this load
 
-defs = dg.Definitions(
-    # Core task assets, then those of the allowed plugin tasks (entry points
-    # `dueledger.tasks`), which the registry built against these hooks while checking them.
-    assets=[
-        *(task.build(_hooks) for task in _task_assets),
-        *plugin_task_definitions(_hooks, _settings),
-    ],
-    asset_checks=[*build_task_checks(_views), *build_ledger_checks(_views)],
-    jobs=_jobs,
-    schedules=_schedules,
-    sensors=SENSORS,
-    resources={**build_resources(_settings), **domain_resources()},
-    # Every run's steps in its run worker's process, the task jobs' and the implicit asset
-    # job's alike (the Catalog's "Materialize"): one process per run, not two.
-    executor=dg.in_process_executor,
+defs = dg.Definitions.merge(
+    *(
+        task_definitions(
+            declared, view, hooks=_hooks, registered=registered_tasks, loaded_at=_loaded_at
+        )
+        for declared, view in zip(task_registry(_settings).declared, _views, strict=True)
+    ),
+    dg.Definitions(
+        asset_checks=[*build_task_checks(_views), *build_ledger_checks(_views)],
+        sensors=build_sensors(_views),
+        resources={**build_resources(_settings), **domain_resources()},
+        # Every run's steps in its run worker's process, the task jobs' and the implicit
+        # asset job's alike (the Catalog's "Materialize"): one process per run, not two.
+        executor=dg.in_process_executor,
+    ),
 )

@@ -1,11 +1,12 @@
-"""The plugin authors' API: everything a plugin imports from dueledger, in one place.
+"""The plugin authors' API: everything a plugin's code imports from dueledger, in one place.
 
-A plugin (docs/plugins.md) contributes hook listeners (entry points ``dueledger.hooks``)
-or whole tasks (entry points ``dueledger.tasks``). It imports only from this module, so
-the code location may move its internals (``orchestration/services/``,
-``resources/core/``) without breaking an installed plugin::
+A plugin (docs/plugins.md) contributes hook listeners (entry points ``dueledger.hooks``) or
+whole tasks (entry points ``dueledger.tasks``: a package whose ``defs.yaml`` declares them,
+their bodies beside it). Its code imports only from this module, so the code location may
+move its internals without breaking an installed plugin -- the one module here that only
+hands names on, on purpose::
 
-    from orchestration.plugins import TaskSpec, EverySlots, PluginTask, task_asset, TaskRun
+    from orchestration.plugins import TaskRun, format_due
     from orchestration.plugins import listener, HookContext, allow, deny, BEFORE_TASK_CREATE
 """
 
@@ -34,11 +35,7 @@ from orchestration.services.hooks import (
     fire,
     listener,
 )
-from orchestration.services.runtime import TaskRun
-from orchestration.services.task_plugins import PluginTask
-from orchestration.task_asset import task_asset
-from orchestration.task_spec import PARTITIONS_DAILY, TaskSpec
-from orchestration.timetable import Cron, EverySlots, NthSlotOfDay
+from orchestration.task_run import TaskRun
 from resources.core.due import format_due
 
 __all__ = [
@@ -46,7 +43,6 @@ __all__ = [
     "BEFORE_RENEWAL_FIRST_NOTICE",
     "BEFORE_TASK_CREATE",
     "EVENTS",
-    "PARTITIONS_DAILY",
     "TASK_AFTER",
     "TASK_BEFORE",
     "TASK_FAILED",
@@ -54,24 +50,18 @@ __all__ = [
     "TICK_EVERY_MINUTE",
     "TICK_EVERY_SLOT",
     "Allow",
-    "Cron",
     "Degrade",
     "Deny",
-    "EverySlots",
     "HookContext",
     "HookRegistry",
     "HookResult",
     "Hooks",
     "Listener",
-    "NthSlotOfDay",
-    "PluginTask",
     "TaskRun",
-    "TaskSpec",
     "allow",
     "degrade",
     "deny",
     "fire",
     "format_due",
     "listener",
-    "task_asset",
 ]

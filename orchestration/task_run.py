@@ -1,130 +1,174 @@
 """What every task run does around its work, whoever launched it: find the ledger entry its
-tags name, claim it under the rules, keep the lease, record the outcome. Dagster-free: the task
-asset (``orchestration/task_defs.py``) gives it what Dagster knows of the run, and the history
-harness (``tests/history``) drives the very same path on a simulated Dagster.
+tags name, claim it under the rules, keep the lease, record the outcome.
+
+The path reads top-down, each rule asked once, by its own module:
+
+1. which entry the run is for (``manual_launch.entry_request_from_tags``: the namespaces);
+2. a task the code location does not register ends the run unsupported (:class:`Unsupported`);
+3. "Re-execute" in the UI and ``manual_retry`` runs (``retry.reexecution_request``);
+4. a task that is not manually triggerable runs only what dueledger issued
+   (``manual_launch.unissued_launch``);
+5. the entry, insert-or-ignore; a dead chain member's attempt settled and a dispatch failure
+   resumed by Dagster's automatic retry (``retry``);
+6. a due inside a pause ends ``skipped`` (``pause.skip_paused_due``);
+7. the claim under the task's overlap policy (``overlap.claim_with_overlap``), or the plain
+   compare-and-set claim with a lease (``Ledger.claim``).
+
+:func:`prepare` does 1-6, :func:`claim` does 7 and may answer :class:`Waiting` (the caller
+asks again); a run that may not act gets :class:`Unclaimed`, already audited. A claimed run
+works under a :class:`Heartbeat`, every side effect fenced (``TaskRun.guard``), and ends with
+:func:`succeed` or :func:`fail`. Dagster-free: the task asset (``orchestration/task_defs.py``)
+gives it what Dagster knows of the run (:class:`RunFacts`) and acts on Dagster with what it
+answers; the history harness (``tests/history``) drives the very same path on a simulated
+Dagster.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Final, Protocol
 
-from orchestration.task_spec import TaskSpec, find_task
-from resources.core import tags as t
-from resources.core.due import Due
-from resources.core.entry import (
-    Entry,
-    Trigger,
-    dedup_key_for_backfill,
-    dedup_key_for_request,
-    dedup_key_for_retry,
+from orchestration.manual_launch import (
+    EntryRequest,
+    entry_request_from_tags,
+    task_tags,
+    unissued_launch,
 )
-from resources.core.operators import UI_OPERATOR
+from orchestration.overlap import OverlapAction, claim_with_overlap, waits_its_turn
+from orchestration.pause import skip_paused_due
+from orchestration.retry import (
+    lineage_root,
+    reexecution_request,
+    resume_dispatch_failed_entry,
+    settle_parent_of_automatic_retry,
+)
+from orchestration.task_spec import LEDGER_OVERLAP_POLICIES, TaskSpec, find_task
+from resources.core import tags as t
+from resources.core.entry import (
+    ACTION_RUN_REFUSED,
+    ACTION_RUN_SKIPPED,
+    Entry,
+    Status,
+)
+from resources.core.fence import EffectGuard, Fence, FenceLost
+from resources.ledger import Ledger
+from resources.ledger.fence import LedgerGuard
+
+#: How often a run waiting for its turn asks again (its waiter mark lives 30 s).
+WAIT_POLL_SECONDS: Final = 2.0
+_ACTIONS: Final = {t.OUTCOME_REFUSED: ACTION_RUN_REFUSED, t.OUTCOME_SKIPPED: ACTION_RUN_SKIPPED}
+
+
+class RunFacts(Protocol):
+    """What Dagster knows of the run a task path serves (read lazily, only where a rule asks)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def tags(self) -> Mapping[str, str]: ...
+
+    def parent_tags(self, run_id: str) -> Mapping[str, str] | None:
+        """The tags of run ``run_id`` (None: Dagster no longer has it)."""
+
+    def ended_ancestor(self, run_id: str) -> str | None:
+        """The failure kind when ``run_id`` is an ancestor of this run that Dagster ended
+        FAILURE (``timeout`` or ``error``); else None."""
+
+    def as_of_without_due(self) -> datetime:
+        """When a run without a due computes "as of" (see :func:`run_as_of`)."""
 
 
 @dataclass(frozen=True)
-class EntryRequest:
-    """The logical execution a run belongs to: the ledger's unique key and its context."""
+class TaskRun:
+    """What the task body gets: the entry its run claimed, its "as of" instant, and the key of
+    the task whose asset runs (the key its side effects are written under)."""
 
+    entry: Entry
+    as_of: datetime
     task_key: str
-    trigger: str
-    dedup_key: str
-    due: Due | None = None
-    operator: str | None = None
-    reason: str | None = None
-    parent_id: int | None = None
+    #: Checks the run's fence in every side effect's transaction: pass it to the domain's
+    #: write functions (resources/effects.py).
+    guard: EffectGuard
 
-    @classmethod
-    def of_entry(cls, entry: Entry) -> EntryRequest:
-        """The request that created ``entry`` (its ledger key and context)."""
-        return cls(
-            entry.task_key,
-            entry.trigger,
-            entry.dedup_key,
-            due=Due.coerce(entry.due) if entry.due is not None else None,
-            operator=entry.operator,
-            reason=entry.reason,
-            parent_id=entry.parent_id,
-        )
+    @property
+    def entry_key(self) -> str:
+        """A short, stable name for the entry (used in automation logs)."""
+        return f"{self.entry.id}:{self.entry.dedup_key}"
 
 
-def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryRequest:
-    """Map a run's tags onto its ledger key (DESIGN: dedup keys).
+@dataclass(frozen=True)
+class Prepared:
+    """A run that may claim ``entry`` (the claim itself is :func:`claim`'s)."""
 
-    - manual_retry (``dueledger/parent_entry``)   -> ``retry:<parent entry id>``
-    - schedule / sensor (``dueledger/due``)       -> ``due:<due>``
-    - manual with ``dueledger/due`` (catch-up)    -> ``due:<due>``
-    - backfill (``dagster/backfill`` + partition) -> ``backfill:<id>:<partition>``
-    - manual (``dueledger/request_id``)           -> ``manual:<request id>``
-    - no dueledger trigger (UI launchpad run)     -> ``manual:<root run id>``
-
-    Dagster copies a run's tags onto its retries and re-executions, so an automatic
-    retry lands on the same entry as its root run; for a launchpad run the root run id
-    (``dagster/root_run_id``) plays the request id.
-    """
-    task_key = tags.get(t.TAG_TASK)
-    if not task_key:
-        raise ValueError(f"run {run_id} has no {t.TAG_TASK} tag; it was not launched as a task")
-    trigger = tags.get(t.TAG_TRIGGER)
-    operator, reason = tags.get(t.TAG_OPERATOR), tags.get(t.TAG_REASON)
-    # First: a retry of a backfill or scheduled run still carries its parent's tags.
-    if trigger == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
-        parent = int(tags[t.TAG_PARENT_ENTRY])
-        return EntryRequest(
-            task_key,
-            Trigger.MANUAL_RETRY,
-            dedup_key_for_retry(parent),
-            # The parent's due, when it had one: the retry computes as of the same instant.
-            due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
-            operator=operator,
-            reason=reason,
-            parent_id=parent,
-        )
-    if t.DAGSTER_BACKFILL in tags and t.DAGSTER_PARTITION in tags:
-        return EntryRequest(
-            task_key,
-            Trigger.BACKFILL,
-            dedup_key_for_backfill(tags[t.DAGSTER_BACKFILL], tags[t.DAGSTER_PARTITION]),
-            due=Due.parse(tags[t.TAG_DUE]) if t.TAG_DUE in tags else None,
-        )
-    if trigger in (Trigger.SCHEDULE, Trigger.SENSOR) and t.TAG_DUE in tags:
-        due = Due.parse(tags[t.TAG_DUE])
-        return EntryRequest(task_key, trigger, due.key, due=due)
-    if trigger == Trigger.MANUAL and t.TAG_DUE in tags:
-        # `dueledger catch-up`: an operator's run of a past due is that due's run.
-        due = Due.parse(tags[t.TAG_DUE])
-        return EntryRequest(
-            task_key, Trigger.MANUAL, due.key, due=due, operator=operator, reason=reason
-        )
-    if trigger == Trigger.MANUAL and tags.get(t.TAG_REQUEST_ID):
-        return EntryRequest(
-            task_key,
-            Trigger.MANUAL,
-            dedup_key_for_request(tags[t.TAG_REQUEST_ID]),
-            operator=operator,
-            reason=reason,
-        )
-    root = tags.get(t.DAGSTER_ROOT_RUN_ID) or run_id
-    return EntryRequest(
-        task_key,
-        Trigger.MANUAL,
-        dedup_key_for_request(root),
-        operator=operator or UI_OPERATOR,
-        reason=reason or "launched from the Dagster UI without dueledger tags",
-    )
+    request: EntryRequest
+    entry: Entry
+    as_of: datetime
+    #: Tags for the Dagster run (a UI re-execution turned manual retry).
+    run_tags: Mapping[str, str] = field(default_factory=dict)
+    #: What the path did that the run's log should say.
+    notes: tuple[str, ...] = ()
 
 
-def task_tags(tags: Mapping[str, str], spec: TaskSpec) -> Mapping[str, str]:
-    """The run's tags, completed with ``dueledger/task`` from the asset being executed.
+@dataclass(frozen=True)
+class Unclaimed:
+    """A run the ledger does not let act (``outcome`` refused or skipped): it does nothing,
+    its refusal is audited, and the caller ends it (CANCELED, never a silent green) with
+    ``run_tags`` on it."""
 
-    Dagster 1.13's GraphQL ``launchRun`` -- what the launchpad, the Catalog's and the job
-    page's "Materialize" call -- does not apply a job's run tags, and a backfill from the
-    asset graph runs the implicit asset job: such runs carry no ``dueledger/task``. The
-    asset being executed names the task (DESIGN: attribution by what Dagster records).
-    """
-    if t.TAG_TASK in tags:
-        return tags
-    return {**tags, t.TAG_TASK: spec.key}
+    outcome: str
+    message: str
+    entry: Entry | None
+    request: EntryRequest
+    run_tags: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A run of a task the code location does not register (its entry ends unsupported)."""
+
+    request: EntryRequest
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A run that names what does not exist (a retry of a missing entry): it fails, unretried."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The task is busy and the overlap policy says wait: ask :func:`claim` again."""
+
+    reason: str
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class SecondWorker:
+    """A second process of one Dagster run (two daemons dequeued it at once, or its worker was
+    restarted): the claim is the other process's; acting under it would do the work twice.
+    Not canceled: canceling the run would cancel the process that does the work."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The run holds its entry: work under the heartbeat, every side effect fenced."""
+
+    run: TaskRun
+    fence: Fence
+    request: EntryRequest
+    #: Entries a ``replace`` claim ended (their Dagster runs are the caller's to stop).
+    replaced: tuple[Entry, ...]
+    #: Tags for the Dagster run: its entry, lineage and source (the Runs filters).
+    run_tags: Mapping[str, str]
+    message: str
 
 
 def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec]) -> bool:
@@ -135,3 +179,215 @@ def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec])
     asset stayed): such a run is unsupported.
     """
     return task_key == spec.key or find_task(tasks, task_key) is not None
+
+
+def run_as_of(request: EntryRequest, facts: RunFacts) -> datetime:
+    """The instant a run computes "as of": its due, else ``facts.as_of_without_due()`` (when
+    its root run was created, or the end of its partition's window when that is earlier).
+    Never the wall clock at execution time, so a late or retried run sees the same world."""
+    return request.due.at if request.due is not None else facts.as_of_without_due()
+
+
+def prepare(
+    ledger: Ledger, spec: TaskSpec, tasks: Sequence[TaskSpec], facts: RunFacts
+) -> Prepared | Unclaimed | Unsupported | Fatal:
+    """Steps 1-6 of the module docstring: the entry this run may claim, or why it may not."""
+    run_id = facts.run_id
+    tags = task_tags(facts.tags, spec)
+    request = entry_request_from_tags(tags, run_id)
+    if not task_is_registered(request.task_key, spec, tasks):
+        return Unsupported(request)
+    rule4 = reexecution_request(
+        ledger, spec, request, run_id=run_id, tags=tags, parent_tags=facts.parent_tags
+    )
+    if rule4.fatal:
+        assert rule4.refusal is not None
+        return Fatal(rule4.refusal.message)
+    notes: list[str] = []
+    if rule4.refusal is not None:
+        return unclaimed(ledger, rule4.refusal.message, rule4.refusal.entry, rule4.request, run_id)
+    request = rule4.request
+    notes += [rule4.note] if rule4.note else []
+    unissued = unissued_launch(spec, request, tags)
+    if unissued is not None:
+        return unclaimed(ledger, unissued, None, request, run_id)
+    entry = ledger.ensure_entry(
+        task_key=request.task_key,
+        trigger=request.trigger,
+        dedup_key=request.dedup_key,
+        due=request.due,
+        max_attempts=spec.max_attempts,
+        operator=request.operator,
+        reason=request.reason,
+        parent_id=request.parent_id,
+    )
+    entry = settle_parent_of_automatic_retry(
+        ledger, entry, run_id=run_id, tags=tags, ended_ancestor=facts.ended_ancestor
+    )
+    entry, resumed = resume_dispatch_failed_entry(ledger, entry, tags)
+    notes += [resumed] if resumed else []
+    skipped = skip_paused_due(ledger, entry)
+    if skipped is not None and skipped.status == Status.SKIPPED:
+        reason = skipped.error or "paused"
+        return unclaimed(ledger, reason, skipped, request, run_id, outcome=t.OUTCOME_SKIPPED)
+    as_of = run_as_of(request, facts)
+    return Prepared(request, entry, as_of, rule4.retry_tags, tuple(notes))
+
+
+def claim(
+    ledger: Ledger, spec: TaskSpec, prepared: Prepared, facts: RunFacts
+) -> Claimed | Unclaimed | Waiting | SecondWorker:
+    """Step 7: claim the entry under the task's overlap policy (see the module docstring)."""
+    run_id, entry, request = facts.run_id, prepared.entry, prepared.request
+    replaced: tuple[Entry, ...] = ()
+    if spec.overlap_policy in LEDGER_OVERLAP_POLICIES:
+        found = claim_with_overlap(
+            ledger,
+            entry.id,
+            run_id,
+            policy=spec.overlap_policy,
+            lease_ttl=spec.lease_ttl,
+            wait_turn=waits_its_turn(entry),
+        )
+        action = found.decision.action
+        if action is OverlapAction.WAIT:
+            return Waiting(found.decision.reason, found.entry)
+        if action is OverlapAction.SKIP:
+            return unclaimed(
+                ledger, found.decision.reason, found.entry, request, run_id, t.OUTCOME_SKIPPED
+            )
+        assert found.claim is not None  # CLAIM and REPLACE claim (or refuse, as a claim does)
+        result, replaced = found.claim, found.replaced
+    else:
+        result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
+    if not result.claimed and result.entry.status == Status.DISPATCH_FAILED:
+        # The outcome sensor recorded the parent's dispatch failure between our read and
+        # the claim: resume once more.
+        resumed, _ = resume_dispatch_failed_entry(ledger, result.entry, facts.tags)
+        if resumed.status == Status.QUEUED:
+            result = ledger.claim(resumed.id, run_id, lease_ttl=spec.lease_ttl)
+    if not result.claimed:
+        reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
+        outcome = t.OUTCOME_SKIPPED if result.entry.status == Status.SKIPPED else None
+        return unclaimed(
+            ledger, reason, result.entry, request, run_id, outcome or t.OUTCOME_REFUSED
+        )
+    if result.reentrant:
+        message = (
+            f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds it "
+            f"in another process; this process does nothing (a second worker of one run)"
+        )
+        ledger.reject(entry.id, run_id, reason=message)
+        return SecondWorker(message)
+    fence = result.fence
+    assert fence is not None  # a claimed result names its owner
+    claimed = result.entry
+    run_tags = {**prepared.run_tags, **_entry_tags(ledger, claimed)}
+    if spec.from_plugin and facts.tags.get(t.TAG_SOURCE) != spec.source:
+        run_tags[t.TAG_SOURCE] = spec.source
+    message = (
+        f"entry {entry.id} {spec.key} {request.dedup_key}: claimed by run {run_id}, "
+        f"attempt {claimed.attempt}/{claimed.max_attempts}"
+    )
+    run = TaskRun(claimed, prepared.as_of, spec.key, LedgerGuard(ledger, fence))
+    return Claimed(run, fence, request, replaced, run_tags, message)
+
+
+def _entry_tags(ledger: Ledger, entry: Entry) -> dict[str, str]:
+    """The run's entry and the entry's lineage: the Runs page finds every run of either."""
+    return {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(lineage_root(ledger, entry))}
+
+
+def unclaimed(
+    ledger: Ledger,
+    message: str,
+    entry: Entry | None,
+    request: EntryRequest,
+    run_id: str,
+    outcome: str = t.OUTCOME_REFUSED,
+) -> Unclaimed:
+    """A run the ledger does not let act: audited once (action ``run_refused`` or
+    ``run_skipped``; `dueledger summary` counts refused runs as ``refused_24h`` and skipped
+    entries as ``skipped_24h``, apart from failures), with the tags that make it findable."""
+    ledger.write_audit(
+        operator=request.operator,
+        action=_ACTIONS[outcome],
+        entry_id=entry.id if entry is not None else None,
+        reason=None,
+        checks={"run_id": run_id, "task_key": request.task_key, "dedup_key": request.dedup_key},
+        outcome=f"{outcome}: {message}",
+    )
+    run_tags = {t.TAG_OUTCOME: outcome}
+    if entry is not None:
+        run_tags |= _entry_tags(ledger, entry)
+    return Unclaimed(outcome, message, entry, request, run_tags)
+
+
+# --- the end of a claimed run --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What a failed attempt came to: the error recorded, the entry's state and failure kind
+    after it, and whether the entry is settled (no retry may claim it: turn Dagster's off)."""
+
+    error: str
+    status: str
+    kind: str | None
+    settled: bool
+
+
+def fail(ledger: Ledger, claimed: Claimed, exc: BaseException, *, retry_coming: bool) -> Failed:
+    """The body raised: record the attempt (``retrying`` only while a retry will really come,
+    else ``failed``). A :class:`FenceLost` is not this run's failure to record: the entry moved
+    on without it (reclaimed while it was paused), and no retry could claim it."""
+    entry, run_id = claimed.run.entry, claimed.fence.run_id
+    if isinstance(exc, FenceLost):
+        return Failed(str(exc), exc.state, None, settled=True)
+    error = f"{type(exc).__name__}: {exc}"
+    after = ledger.fail(entry.id, run_id, error=error, retry_coming=retry_coming)
+    return Failed(error, after.status, after.failure_kind, settled=after.is_terminal)
+
+
+def succeed(ledger: Ledger, claimed: Claimed, *, lease_lost: bool) -> str | None:
+    """Record the success; None when recorded, else why the completion was rejected (the work
+    was done, but the entry moved on: nothing will re-run it)."""
+    entry, request = claimed.run.entry, claimed.request
+    if ledger.succeed(entry.id, claimed.fence.run_id):
+        return None
+    now = ledger.get(entry.id)
+    state = now.status if now else "unknown"
+    return (
+        f"entry {entry.id} {entry.task_key} {request.dedup_key}: completion rejected, the entry "
+        f"is {state} (lease lost: {lease_lost}); the work was done but is not recorded as "
+        f"success. Inspect with `dueledger runs show {entry.id}`; nothing will re-run it."
+    )
+
+
+class Heartbeat:
+    """Renews the lease from a background thread while the task body works."""
+
+    def __init__(self, ledger: Ledger, entry_id: int, run_id: str, ttl: timedelta) -> None:
+        self._ledger, self._entry_id, self._run_id, self._ttl = ledger, entry_id, run_id, ttl
+        # Well under the TTL: three missed beats still leave the lease alive.
+        self._interval = max(ttl.total_seconds() / 4, 0.5)
+        self._stop = threading.Event()
+        self.lost = False
+        self._thread = threading.Thread(target=self._run, name="dueledger-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                if not self._ledger.heartbeat(self._entry_id, self._run_id, lease_ttl=self._ttl):
+                    self.lost = True
+                    return
+            except Exception:  # a blip must not kill the run; the next beat retries
+                continue
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

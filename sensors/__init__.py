@@ -1,42 +1,35 @@
 """Sensors that keep the ledger true (reclaim, outcome reconciliation, audits).
 
-One module per sensor family; ``SENSORS`` is what the code location registers:
+One module per sensor family; ``build_sensors`` makes what the code location registers:
 
 - ``ledger_outcome_sensor`` (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
-  it also creates the task pools (pools.py) that hold one run per task;
+  it also creates the pools that hold one run of a ``queue`` task at a time;
 - ``redispatch_sensor`` (redispatch.py): dispatch_failed -> re-dispatch in its slot, one
   sensor for every task (run keys ``<task>@<due>#redispatch-<n>``); every eighth of a slot,
   30 s to 2 minutes;
 - ``lease_reclaim_sensor`` (reclaim.py): expired leases -> failed (lease_reclaimed);
-- ``<task>_catch_up_sensor`` (audit.py, catch_up tasks only): missed dues, once each;
+- ``<task>_catch_up_sensor`` (catch_up.py, catch_up tasks only): missed dues, once each;
 - ``slot_health_sensor`` (health.py): one warning per slot when anything is wrong;
 - ``ledger_policy_sensor`` (policies.py): paused dues recorded skipped, pause on failure,
   missed deadlines.
 
-``SENSORS`` is built from the registry on first access (PEP 562), so importing one sensor
-module — the CLI, a test code location, a run worker — does not build them all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from orchestration.services.views import task_views
 from orchestration.task_spec import MissedSlotPolicy, TaskView
 from resources.core.instants import utc_now
-from sensors.audit import build_catch_up_sensor
+from sensors.catch_up import build_catch_up_sensor
 from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor
 from sensors.policies import build_policy_sensor
 from sensors.reclaim import build_reclaim_sensor
 from sensors.redispatch import build_redispatch_sensor
-
-if TYPE_CHECKING:
-    SENSORS: list[dg.SensorDefinition]
 
 
 def build_sensors(
@@ -70,11 +63,3 @@ def build_sensors(
         if v.spec.missed_slot_policy == MissedSlotPolicy.CATCH_UP
     ]
     return sensors
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SENSORS":
-        value = build_sensors(task_views())
-        globals()["SENSORS"] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

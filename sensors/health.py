@@ -22,6 +22,7 @@ from typing import Any
 
 import dagster as dg
 
+from orchestration.missed_dues import TaskAudit, audit_tasks, expected_dues
 from orchestration.services.accounting import (
     STATE_NEW,
     STATE_NO_DUE,
@@ -30,16 +31,15 @@ from orchestration.services.accounting import (
     check_evaluation,
 )
 from orchestration.services.alerts import Alerts
-from orchestration.services.audit import TaskAudit, audit_tasks, expected_dues
 from orchestration.services.ledger_checks import ledger_check_evaluations
 from orchestration.services.summary import SUMMARY_WINDOW, first_line
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.alerting import KIND_SLOT_HEALTH, slot_subject
 from resources.core.due import floor_to_slot, format_due
-from resources.core.entry import FailureKind, Status
+from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry, FailureKind, Status
 from resources.core.instants import Clock, iso, utc_now
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, RunLedger
+from resources.ledger import RunLedger
 from sensors.support import ledger_sensor
 
 # --- slot health -----------------------------------------------------------------------------

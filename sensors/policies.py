@@ -1,7 +1,7 @@
-"""``ledger_policy_sensor``: the scheduling policies' ledger facts, every 30 s
-(``orchestration/services/policies.py``): paused dues written ``skipped``, tasks paused after
-``pause_after_failures`` consecutive failures (one ``task_paused`` alert), missed deadlines
-(one ``deadline_missed`` alert each). Launches nothing.
+"""``ledger_policy_sensor``: the scheduling policies' ledger facts, every 30 s: paused dues
+written ``skipped`` and tasks paused after ``pause_after_failures`` consecutive failures (one
+``task_paused`` alert; ``orchestration/pause.py``), missed deadlines (one ``deadline_missed``
+alert each; ``orchestration/deadline.py``). Launches nothing.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ from datetime import datetime
 
 import dagster as dg
 
+from orchestration.deadline import record_deadline_misses
+from orchestration.pause import pause_after_failures, record_paused_dues
 from orchestration.services.alerts import Alerts
-from orchestration.services.policies import (
-    pause_after_failures,
-    record_deadline_misses,
-    record_paused_dues,
-)
 from orchestration.task_spec import TaskView
 from resources.core.instants import Clock, utc_now
 from resources.ledger import RunLedger

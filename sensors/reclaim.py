@@ -1,7 +1,6 @@
-"""``lease_reclaim_sensor``: runs the lease reclaim (orchestration/services/reclaim.py) every
-30 s and writes one alert line per reclaimed entry; the same tick records stranded launches
-(orchestration/services/stranded.py: an entry whose run was never created) as
-``dispatch_failed``, one alert line each. Each alert goes to the configured channels once,
+"""``lease_reclaim_sensor``: runs the reclaim rule (``orchestration/reclaim.py``) every 30 s:
+expired leases end ``lease_reclaimed`` and stranded launches (an entry whose run was never
+created) ``dispatch_failed``, one alert line each. Each alert goes to the configured channels once,
 and every tick, after its own work, retries the alert deliveries that are due
 (orchestration/services/alerts.py).
 """
@@ -12,11 +11,10 @@ from datetime import datetime
 
 import dagster as dg
 
+from orchestration.reclaim import ALERT_KIND, reclaim_leases, sweep_stranded
+from orchestration.reclaim import STRANDED_ALERT_KIND as STRANDED_KIND
 from orchestration.services.alerts import Alerts
-from orchestration.services.dagster_runs import turn_off_dagster_retries
-from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
-from orchestration.services.stranded import ALERT_KIND as STRANDED_KIND
-from orchestration.services.stranded import sweep_stranded
+from orchestration.services.dagster_runs import has_dispatched_run, turn_off_dagster_retries
 from resources.core.alerting import DELIVERY_DELIVERED, entry_subject
 from resources.core.instants import Clock, utc_now
 from resources.ledger import DeliveryRecord, RunLedger
@@ -47,7 +45,9 @@ def build_reclaim_sensor(
             alerts.emit(ALERT_KIND, entry_subject(item.entry_id), **item.as_json())
             # Dagster must not relaunch it if it fails later: a retry would be refused.
             turn_off_dagster_retries(context.instance, item.run_id, context.log)
-        stranded = sweep_stranded(ledger, context.instance, now)
+        stranded = sweep_stranded(
+            ledger, lambda entry: has_dispatched_run(context.instance, entry), now
+        )
         for swept in stranded:
             alerts.emit(STRANDED_KIND, entry_subject(swept.entry.id), **swept.as_json())
         # After the tick's own work: this tick's alerts, then every channel's due retries.

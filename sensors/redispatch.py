@@ -16,11 +16,11 @@ from datetime import datetime
 
 import dagster as dg
 
-from orchestration.factory import build_task_job
 from orchestration.services.dagster_runs import last_dispatch_failure_canceled
+from orchestration.task_defs import task_job
 from orchestration.task_spec import TaskView
 from resources.core.due import Due
-from resources.core.entry import Status
+from resources.core.entry import MAX_DISPATCH_FAILURES, Status
 from resources.core.instants import Clock, utc_now
 from resources.core.redispatch import (
     DEFAULT_MAX_REDISPATCHES,
@@ -30,7 +30,7 @@ from resources.core.redispatch import (
     redispatch_interval_seconds,
     redispatch_run_key,
 )
-from resources.ledger import MAX_DISPATCH_FAILURES, RunLedger
+from resources.ledger import RunLedger
 from sensors.support import due_run_request, ledger_sensor
 
 SENSOR_NAME = "redispatch_sensor"
@@ -66,7 +66,7 @@ def build_redispatch_sensor(
 
     @ledger_sensor(
         SENSOR_NAME,
-        jobs=[build_task_job(v) for v in views],
+        jobs=[task_job(v) for v in views],
         clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
         description=(

@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from resources.core.entry import FailureKind, Trigger
-from resources.ledger import Entry, RunLedger, dedup_key_for_due
+from orchestration.reclaim import reclaim_expired
+from resources.core.entry import Entry, FailureKind, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 from resources.ledger.fence import LedgerGuard
 
 _DUE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -28,7 +29,7 @@ def lost_guard(tmp_path: Path, task_key: str = "order_cleanup") -> tuple[LedgerG
     )
     claim = ledger.claim(entry.id, ZOMBIE, lease_ttl=_TTL, now=_DUE)
     assert claim.fence is not None
-    assert ledger.reclaim_expired(now=_DUE + 2 * _TTL)
+    assert reclaim_expired(ledger, now=_DUE + 2 * _TTL)
     return LedgerGuard(ledger, claim.fence), ledger
 
 

@@ -21,7 +21,7 @@ from orchestration.services.hooks import (
     Listener,
     deny,
 )
-from orchestration.task_asset import TaskAsset
+from orchestration.task_defs import TaskAsset
 
 
 def registry_of(*listeners: Listener) -> HookRegistry:

@@ -27,7 +27,8 @@ from dagster_internals import (
 )
 
 from resources.core import tags as t
-from resources.ledger import Entry, RunLedger
+from resources.core.entry import Entry
+from resources.ledger import RunLedger
 
 POLICY_DEFS = Path(__file__).resolve().parent / "fixtures" / "policy_defs.py"
 LOCAL_YAML = Path(__file__).resolve().parents[1] / "dagster.yaml.local"

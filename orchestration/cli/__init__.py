@@ -68,8 +68,8 @@ def tasks_cmd(as_json: bool) -> None:
     import warnings
 
     # Imported when this command runs, so the other commands do not load them.
-    from orchestration.services.task_plugins import task_registry
-    from orchestration.services.views import task_views
+    from orchestration.declarations import task_registry, task_views
+    from orchestration.pause import open_pauses
 
     settings = load_settings()
     # Load errors are printed below; their log lines would only repeat them on stderr.
@@ -82,7 +82,7 @@ def tasks_cmd(as_json: bool) -> None:
     # Who paused which task, since when and why (`dueledger pause`, the UI's schedule toggle,
     # a pause after failures): the ledger's open pauses.
     paused: dict[str, list[dict[str, object]]] = {}
-    for pause in open_ledger(settings).open_pauses():
+    for pause in open_pauses(open_ledger(settings)):
         paused.setdefault(pause.task_key, []).append(
             {
                 "by": pause.by,
@@ -159,9 +159,9 @@ def launch_cmd(
     overlap skip a launch that finds the task running is refused naming the running entry."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.cli.runs import acting_operator, load_operators, require_role
+    from orchestration.declarations import task_registry
+    from orchestration.manual_launch import launch_manual
     from orchestration.services.hooks import Hooks
-    from orchestration.services.manual import launch_manual
-    from orchestration.services.task_plugins import task_registry
     from resources.core.operators import ROLE_RETRIER
 
     settings = local_settings()

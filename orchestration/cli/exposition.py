@@ -20,8 +20,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from orchestration.declarations import task_views
 from orchestration.services.metrics import MissedDuesMemo, scrape
-from orchestration.services.views import task_views
 from resources.core import metrics as m
 from resources.core.settings import load_settings
 

@@ -45,9 +45,14 @@ if TYPE_CHECKING:
 def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     """Fail running entries whose lease expired (lease_reclaimed); never re-run them."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services import stranded as strand
+    from orchestration.reclaim import (
+        ALERT_KIND,
+        STRANDED_ALERT_KIND,
+        reclaim_leases,
+        sweep_stranded,
+    )
     from orchestration.services.alerts import Alerts, alert_line
-    from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
+    from orchestration.services.dagster_runs import has_dispatched_run
     from resources.core.alerting import entry_subject, load_alert_settings
 
     # A bad alert configuration is exit 2 before anything is changed.
@@ -63,7 +68,9 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     now = datetime.now(UTC)
     reclaims = reclaim_leases(ledger, now, dry_run=dry_run)
     with dagster_instance() as instance:
-        stranded = strand.sweep_stranded(ledger, instance, now, dry_run=dry_run)
+        stranded = sweep_stranded(
+            ledger, lambda entry: has_dispatched_run(instance, entry), now, dry_run=dry_run
+        )
     attempts = []
     if alert_settings is not None:
         # As the sensor does: each alert to the configured channels once, then the retries
@@ -72,7 +79,7 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
         for item in reclaims:
             alerts.record(ALERT_KIND, entry_subject(item.entry_id), item.as_json())
         for swept in stranded:
-            alerts.record(strand.ALERT_KIND, entry_subject(swept.entry.id), swept.as_json())
+            alerts.record(STRANDED_ALERT_KIND, entry_subject(swept.entry.id), swept.as_json())
         attempts = alerts.deliver(retry=True)
     if grant is not None:
         grant.audit(
@@ -96,7 +103,7 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
     for item in reclaims:
         click.echo(alert_line(f"{ALERT_KIND}{suffix}", **item.as_json()))
     for swept in stranded:
-        click.echo(alert_line(f"{strand.ALERT_KIND}{suffix}", **swept.as_json()))
+        click.echo(alert_line(f"{STRANDED_ALERT_KIND}{suffix}", **swept.as_json()))
     verb = "would reclaim" if dry_run else "reclaimed"
     click.echo(f"{verb} {len(reclaims)} expired lease(s)", err=bool(reclaims))
     if stranded:
@@ -166,9 +173,9 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
     """Exit 0 when the daemon's scheduler and slot evaluation are fresh, 1 when stale."""
 
     # Imported when this command runs, so the other commands do not load it.
+    from orchestration.declarations import task_views
     from orchestration.services.alerts import Alerts
     from orchestration.services.liveness import check_liveness
-    from orchestration.services.views import task_views
     from resources.core.alerting import (
         ENV_ALERTS_FILE,
         ENV_EMAIL_TO,

@@ -29,7 +29,7 @@ from orchestration.cli.support import (
 )
 from resources.core import tags as t
 from resources.core.arguments import check_reason
-from resources.core.entry import STATUSES, TRIGGERS
+from resources.core.entry import DEFAULT_LIST_LIMIT, STATUSES, TRIGGERS, Entry
 from resources.core.errors import InvalidInput
 from resources.core.operators import (
     ROLE_ADMIN,
@@ -40,7 +40,7 @@ from resources.core.operators import (
     operators_from_env,
 )
 from resources.core.settings import ENV_IDENTITY
-from resources.ledger import DEFAULT_LIST_LIMIT, Entry, Ledger
+from resources.ledger import Ledger
 
 MAX_LIST_LIMIT: Final = 500
 MAX_CURSOR_CHARS: Final = 200
@@ -189,7 +189,7 @@ def acting_operator(
         return caller
     named = _operator(given)
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.retry import audit_operator_refusal
+    from orchestration.retry import audit_operator_refusal
 
     admin = operators.check(caller, ROLE_ADMIN)
     if not admin.passed:
@@ -244,7 +244,7 @@ def require_role(
 ) -> None:
     """Refuse (exit 3, audited) unless ``operator`` holds ``role``."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.retry import audit_operator_refusal
+    from orchestration.retry import audit_operator_refusal
 
     decision = operators.check(operator, role)
     if not decision.passed:
@@ -468,10 +468,9 @@ def retry_cmd(
     """Retry a failed entry once: a child entry and a re-execution of its last run."""
 
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION
+    from orchestration.declarations import task_registry
+    from orchestration.retry import ACTION_MANUAL_RETRY, LAUNCH_REEXECUTION, retry_entry
     from orchestration.services.launch import DagsterCliLauncher
-    from orchestration.services.retry import retry_entry
-    from orchestration.services.task_plugins import task_registry
 
     entry_no = parse_entry_id(entry_id)
     _operator(operator)  # a malformed name is exit 2 before anything is read

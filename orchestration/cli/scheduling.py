@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import click
 
+from orchestration.catch_up import CATCH_UP_RETENTION, MAX_CATCH_UP_DUES, ONLY_CHOICES
 from orchestration.cli.runs import (
     acting_operator,
     load_operators,
@@ -35,8 +36,8 @@ from orchestration.cli.support import (
     print_json,
     table,
 )
+from orchestration.pause import task_pauses
 from orchestration.task_spec import TaskView
-from resources.core.catchup import CATCH_UP_RETENTION, MAX_CATCH_UP_DUES, ONLY_CHOICES
 from resources.core.due import floor_to_slot, format_due
 from resources.core.errors import InvalidInput, Refused
 from resources.core.instants import iso
@@ -58,7 +59,7 @@ def _key(task: str) -> str:
 def _view(task: str) -> TaskView:
     """The registered task ``task`` (exit 2 when there is none)."""
     # Imported when a command needs the tasks, so the other commands do not load them.
-    from orchestration.services.views import task_views
+    from orchestration.declarations import task_views
 
     key = _key(task)
     views = task_views()
@@ -113,7 +114,7 @@ def dues_cmd(
     view = _view(task)
     window = _range(start, end) if start is not None and end is not None else None
     ledger = viewer_gate(operator, ACTION_DUES)
-    pauses = ledger.pauses(view.spec.key)
+    pauses = task_pauses(ledger, view.spec.key)
     if window is not None:
         listed = view.dues(window[0], end=window[1], pauses=pauses)
     else:
@@ -180,8 +181,8 @@ def pause_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> No
     """Pause TASK: its schedule's ticks run nothing and each of its dues is recorded skipped
     (paused by NAME: REASON) until `dueledger resume`. Role retrier; exit 3 when paused."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.pausing import pause_task
-    from orchestration.services.task_plugins import task_registry
+    from orchestration.declarations import task_registry
+    from orchestration.pause import pause_task
 
     key = _key(task)
     settings = local_settings()
@@ -204,8 +205,8 @@ def resume_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> N
     """Resume TASK: close its pause (`dueledger pause`, or a pause after failures). A schedule
     stopped in the Dagster UI is started there. Role retrier; exit 3 when not paused."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.pausing import resume_task
-    from orchestration.services.task_plugins import task_registry
+    from orchestration.declarations import task_registry
+    from orchestration.pause import resume_task
 
     key = _key(task)
     settings = local_settings()
@@ -248,9 +249,10 @@ def catch_up_cmd(
     missed due, a manual retry for each failed one (never a second entry for a due). Runs
     wait their turn whatever the overlap policy. At most 1,000 dues, 31 days back (exit 2)."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.services.catch_up import CatchUpResult, plan_catch_up, run_catch_up
+    from orchestration.catch_up import CatchUpResult, plan_catch_up, run_catch_up
+    from orchestration.declarations import task_registry
+    from orchestration.missed_dues import run_dues
     from orchestration.services.launch import DagsterCliLauncher
-    from orchestration.services.task_plugins import task_registry
     from orchestration.timetable import plan_dues
     from resources.core.arguments import check_reason
 
@@ -278,7 +280,8 @@ def catch_up_cmd(
     if not view.spec.manual_trigger:
         raise Refused(
             f"task {view.spec.key!r} is not manually triggerable, so it cannot be caught up by "
-            f"hand; set manual_trigger=True in orchestration/tasks.py if that is safe. "
+            f"hand; set manual_trigger: true where the task is declared (its defs.yaml) if that "
+            f"is safe. "
             f"Nothing was launched."
         )
     settings = local_settings()
@@ -286,7 +289,7 @@ def catch_up_cmd(
     role = ROLE_VIEWER if dry_run else ROLE_RETRIER
     name = _acting(ledger, operator, "catch_up" if not dry_run else ACTION_CATCH_UP_PLAN, role)
     instance = dagster_instance()
-    steps = plan_catch_up(view, ledger, instance, low, high, only)
+    steps = plan_catch_up(view, ledger, run_dues(instance, view.spec.key, low), low, high, only)
     if not dry_run:
         steps = run_catch_up(
             view,

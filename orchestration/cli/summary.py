@@ -28,8 +28,8 @@ def summary_cmd(operator: str | None, as_json: bool) -> None:
     """Ledger health: what runs now, what is stale, what happened in the last 24 hours."""
 
     # Imported when this command runs, so the other commands do not load it.
+    from orchestration.declarations import task_views
     from orchestration.services.summary import TASK_COLUMNS, ledger_summary
-    from orchestration.services.views import task_views
 
     ledger = viewer_gate(operator, ACTION_SUMMARY)
     # The same computation as the ledger_health asset: ledger counts + the gap audit.

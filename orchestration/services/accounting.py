@@ -20,18 +20,17 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.services.audit import expected_dues
-from orchestration.services.policies import deadline_misses
-from orchestration.services.scheduling import scheduling_of
+from orchestration.deadline import DeadlineMiss, deadline_misses
+from orchestration.missed_dues import DueVerdict, due_verdict, expected_dues, scheduling_of
+from orchestration.pause import open_pauses, skipped_for_pause
 from orchestration.services.summary import first_line
 from orchestration.task_spec import TaskView
 from orchestration.timetable import plan_dues
 from resources.core import tags as t
-from resources.core.deadlines import DeadlineMiss
 from resources.core.due import Due, floor_to_slot
-from resources.core.dues import DueVerdict, due_verdict, skipped_for_pause
-from resources.core.entry import FailureKind, Status
-from resources.ledger import Entry, Ledger, format_duration
+from resources.core.entry import Entry, FailureKind, Status
+from resources.ledger import Ledger
+from resources.ledger.rules import format_duration
 
 CHECK_NAME: Final = "latest_due_accounted_for"
 #: How far back the latest due is looked for: twice the task's cadence, at most 8 days.
@@ -130,7 +129,7 @@ def account_latest_due(
     """Whether ``view``'s latest finished-slot due is accounted for, as of ``now``. A paused
     task whose due passes says so: who paused it, since when, and its latest skipped due."""
     account = _account(view, ledger, now, instance)
-    pauses = ledger.open_pauses(view.spec.key) if account.passed else []
+    pauses = open_pauses(ledger, view.spec.key) if account.passed else []
     if not pauses:
         return account
     pause = pauses[0]

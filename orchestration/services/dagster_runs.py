@@ -13,9 +13,10 @@ from typing import Any, Final
 
 import dagster as dg
 
+from orchestration.services.launch import manual_run_id
 from orchestration.task_spec import TaskView, task_keys_of_run
 from resources.core import tags as t
-from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry
+from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry, Origin
 
 #: Dagster's retry daemon creates a retry seconds after a run fails (it polls every 5 s). A
 #: failed run tagged ``dagster/will_retry=true`` that still has no retry this long after it
@@ -185,3 +186,28 @@ def dagster_will_retry_failure(instance: dg.DagsterInstance, run: dg.DagsterRun)
         return False
     group = instance.get_run_group(run.run_id)
     return group is None or len(list(group[1])) <= max_retries
+
+
+def has_dispatched_run(instance: dg.DagsterInstance, entry: Entry) -> bool:
+    """Whether a Dagster run was created for ``entry``'s current dispatch (it may still wait
+    in the queue). A run whose failure the entry recorded belongs to an earlier dispatch: a
+    re-dispatch whose launcher died before its run was created is stranded too."""
+    ended = entry.dispatch_failure_run_ids
+    if entry.origin == Origin.MANUAL:
+        request_id = entry.dedup_key.removeprefix(f"{Origin.MANUAL}:")
+        run = instance.get_run_by_id(manual_run_id(entry.task_key, request_id))
+        if run is not None and run.run_id not in ended:
+            return True
+        found = instance.get_runs(
+            filters=dg.RunsFilter(tags={t.TAG_TASK: entry.task_key, t.TAG_REQUEST_ID: request_id}),
+            limit=1,
+        )
+        return bool(found) and found[0].run_id not in ended
+    # A retry child's runs (new run or re-execution) carry its parent's id.
+    found = instance.get_runs(
+        filters=dg.RunsFilter(
+            tags={t.TAG_TASK: entry.task_key, t.TAG_PARENT_ENTRY: str(entry.parent_id)}
+        ),
+        limit=1,
+    )
+    return bool(found)

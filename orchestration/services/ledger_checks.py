@@ -29,6 +29,8 @@ from typing import Any, Final
 
 import dagster as dg
 
+from orchestration.manual_launch import entry_request_from_tags
+from orchestration.reclaim import reclaim_expired
 from orchestration.services.dagster_runs import (
     RetryState,
     attributed_tags,
@@ -36,13 +38,13 @@ from orchestration.services.dagster_runs import (
     newest_automatic_retry,
 )
 from orchestration.services.summary import SUMMARY_WINDOW
-from orchestration.task_run import entry_request_from_tags
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.entry import Status
+from resources.core.entry import SUMMARY_REJECTIONS, Entry, Status
 from resources.core.instants import iso
-from resources.ledger import SUMMARY_REJECTIONS, Entry, Ledger, format_duration
+from resources.ledger import Ledger
+from resources.ledger.rules import format_duration
 
 #: The task whose asset carries the ledger checks (assets/ledger_health.py).
 LEDGER_HEALTH_TASK: Final = "ledger_health"
@@ -129,7 +131,7 @@ def _plural(n: int, one: str, many: str) -> str:
 
 def stale_leases(ledger: Ledger, now: datetime) -> LedgerCheck:
     """Running entries whose lease expired before ``now`` and that are not reclaimed yet."""
-    entries = ledger.reclaim_expired(now=now, dry_run=True, limit=MAX_STALE)
+    entries = reclaim_expired(ledger, now=now, dry_run=True, limit=MAX_STALE)
     if not entries:
         return LedgerCheck(CHECK_NO_STALE_LEASES, True, "no running entry has an expired lease")
     found: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import dagster as dg
 
-from orchestration.services.audit import expected_dues
+from orchestration.missed_dues import expected_dues
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due, parse_due

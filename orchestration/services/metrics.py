@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-from orchestration.services.audit import audit_tasks
+from orchestration.missed_dues import audit_tasks
 from orchestration.services.hooks.model import EVENTS as HOOK_EVENTS
 from orchestration.services.liveness import DEFAULT_MAX_AGE, scheduler_heartbeat_check
 from orchestration.services.summary import SUMMARY_WINDOW, all_entries, attention_rows
 from orchestration.task_spec import TaskView
 from resources.core import metrics as m
 from resources.core.due import floor_to_slot
-from resources.core.entry import Status
-from resources.ledger import Entry, Ledger
+from resources.core.entry import Entry, Status
+from resources.ledger import Ledger
 
 if TYPE_CHECKING:
     import dagster as dg

@@ -23,6 +23,9 @@ from typing import Any, Final, Literal
 
 import dagster as dg
 
+from orchestration.declarations import task_registry
+from orchestration.manual_launch import EntryRequest, entry_request_from_tags
+from orchestration.reclaim import redo_command
 from orchestration.services.dagster_runs import (
     RETRY_LOST_AFTER,
     RetryState,
@@ -31,21 +34,24 @@ from orchestration.services.dagster_runs import (
     newest_automatic_retry,
     run_timed_out,
 )
-from orchestration.services.stranded import redo_command
-from orchestration.services.task_plugins import task_registry
 from orchestration.services.unsupported import (
     end_unsupported,
     unsupported_alert,
     unsupported_message,
 )
-from orchestration.task_run import EntryRequest, entry_request_from_tags
 from orchestration.task_spec import TaskSpec, TaskView
 from resources.core import tags as t
 from resources.core.alerting import KIND_DISPATCH_FAILED, KIND_RETRY_LOST
 from resources.core.due import format_due
-from resources.core.entry import Origin, Status
+from resources.core.entry import (
+    DEFAULT_MAX_ATTEMPTS,
+    SUMMARY_DISPATCH_FAILURES,
+    Entry,
+    Origin,
+    Status,
+)
 from resources.core.outcomes import Action, Reconciled, RunOutcome, decide
-from resources.ledger import DEFAULT_MAX_ATTEMPTS, SUMMARY_DISPATCH_FAILURES, Entry, Ledger
+from resources.ledger import Ledger
 
 #: A failed run without ``dagster/will_retry`` yet (the tag is written just after the
 #: failure event) is looked at again on the next tick, for at most this long.

@@ -12,14 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from orchestration.services.audit import DEFAULT_AUDIT_WINDOW, audit_tasks
-from orchestration.services.policies import deadline_misses
+from orchestration.deadline import deadline_misses
+from orchestration.missed_dues import DEFAULT_AUDIT_WINDOW, audit_tasks
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry, FailureKind, Status, Trigger
 from resources.core.instants import iso
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, Ledger
+from resources.ledger import Ledger
 
 if TYPE_CHECKING:
     import dagster as dg

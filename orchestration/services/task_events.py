@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from orchestration.manual_launch import EntryRequest
 from orchestration.services.hooks import (
     TAG_HOOKS,
     Dispatch,
@@ -17,11 +18,10 @@ from orchestration.services.hooks import (
     decode_outcomes,
     record,
 )
-from orchestration.task_run import EntryRequest
 from resources.core.due import floor_to_slot, format_due
-from resources.core.entry import Trigger
+from resources.core.entry import Entry, Trigger
 from resources.core.settings import load_settings
-from resources.ledger import Entry, Ledger
+from resources.ledger import Ledger
 
 if TYPE_CHECKING:
     import dagster as dg

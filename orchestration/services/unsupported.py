@@ -20,8 +20,8 @@ from orchestration.task_spec import TaskSpec
 from resources.core import tags as t
 from resources.core.alerting import entry_subject
 from resources.core.due import Due
-from resources.core.entry import FailureKind, Status
-from resources.ledger import Entry, Ledger
+from resources.core.entry import Entry, FailureKind, Status
+from resources.ledger import Ledger
 
 #: Lease an unsupported entry is held with between its claim and its failure (an instant).
 UNSUPPORTED_LEASE: Final = timedelta(minutes=5)

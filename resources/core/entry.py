@@ -70,6 +70,8 @@ TRIGGERS: Final = tuple(Trigger)
 FAILURE_KINDS: Final = tuple(FailureKind)
 ORIGINS: Final = tuple(Origin)
 TERMINAL_STATUSES: Final = (Status.SUCCESS, Status.FAILED, Status.SKIPPED)
+#: In progress: a run holds the entry, or a retry of it is coming.
+IN_PROGRESS: Final = (Status.RUNNING, Status.RETRYING)
 #: Statuses a run may claim.
 CLAIMABLE_STATUSES: Final = (Status.QUEUED, Status.RETRYING)
 #: Statuses a launch failure may move to ``dispatch_failed`` (not started, not terminal).

@@ -32,41 +32,14 @@ timezone-naive in UTC. Every operation takes ``now=`` so tests and callers injec
 
 from typing import TYPE_CHECKING, Any
 
-from resources.core.entry import (
-    CLAIMABLE_STATUSES,
-    DEFAULT_LIST_LIMIT,
-    DEFAULT_MAX_ATTEMPTS,
-    DISPATCHABLE_STATUSES,
-    MAX_DISPATCH_FAILURES,
-    MAX_ERROR_CHARS,
-    MAX_HOOK_RESULTS,
-    MAX_LATE_JOB_REJECTIONS,
-    MAX_RUN_ID_CHARS,
-    ORIGINS,
-    RUN_FAILURE_KINDS,
-    SUMMARY_DISPATCH_FAILURES,
-    SUMMARY_HOOKS,
-    SUMMARY_KEYS,
-    SUMMARY_REJECTIONS,
-    Entry,
-    Origin,
-    dedup_key_for_backfill,
-    dedup_key_for_due,
-    dedup_key_for_request,
-    dedup_key_for_retry,
-    origin_of,
-)
-from resources.core.rules import format_duration
-from resources.core.settings import mask_url
 from resources.ledger.deliveries import DeliveryRecord
 from resources.ledger.ledger import Ledger
-from resources.ledger.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_DIR
 from resources.ledger.model import (
     ClaimResult,
     LedgerConfigError,
+    LedgerConflict,
     LedgerError,
     UnknownEntryError,
-    truncate_error,
 )
 
 if TYPE_CHECKING:
@@ -84,38 +57,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CLAIMABLE_STATUSES",
-    "DEFAULT_LIST_LIMIT",
-    "DEFAULT_MAX_ATTEMPTS",
-    "DISPATCHABLE_STATUSES",
-    "MAX_DISPATCH_FAILURES",
-    "MAX_ERROR_CHARS",
-    "MAX_HOOK_RESULTS",
-    "MAX_LATE_JOB_REJECTIONS",
-    "MAX_RUN_ID_CHARS",
-    "MIGRATIONS_DIR",
-    "MIGRATION_LOCK_KEY",
-    "ORIGINS",
-    "RUN_FAILURE_KINDS",
-    "SUMMARY_DISPATCH_FAILURES",
-    "SUMMARY_HOOKS",
-    "SUMMARY_KEYS",
-    "SUMMARY_REJECTIONS",
     "ClaimResult",
     "DeliveryRecord",
-    "Entry",
     "Ledger",
     "LedgerConfigError",
+    "LedgerConflict",
     "LedgerError",
-    "Origin",
     "RunLedger",
     "UnknownEntryError",
-    "dedup_key_for_backfill",
-    "dedup_key_for_due",
-    "dedup_key_for_request",
-    "dedup_key_for_retry",
-    "format_duration",
-    "mask_url",
-    "origin_of",
-    "truncate_error",
 ]

@@ -129,10 +129,10 @@ class LedgerAlertDeliveries(LedgerStore):
         one exists already; returns the rows this call inserted (each due at once)."""
         if not subject or len(subject) > MAX_SUBJECT_CHARS:
             raise ValueError(f"alert subject must be 1-{MAX_SUBJECT_CHARS} characters: {subject!r}")
-        at = to_db(self._now(now), "now")
+        at = to_db(self.clock(now), "now")
         body = _plain_json(payload)
         inserted: list[DeliveryRecord] = []
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             for channel in channels:
                 statement = (
@@ -162,7 +162,7 @@ class LedgerAlertDeliveries(LedgerStore):
         """Take the next attempt of a due, undelivered delivery (None: not due, delivered, or
         another process is attempting it). The row then counts the attempt and is not due
         again until ``now + lease``."""
-        at = self._now(now)
+        at = self.clock(now)
         c = alert_deliveries.c
         statement = (
             sa.update(alert_deliveries)
@@ -180,7 +180,7 @@ class LedgerAlertDeliveries(LedgerStore):
             )
             .returning(*alert_deliveries.c)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             row = conn.execute(statement).mappings().first()
         return None if row is None else _record(row)
 
@@ -202,7 +202,7 @@ class LedgerAlertDeliveries(LedgerStore):
         failure only while no later attempt was claimed and nothing delivered it. Returns the
         row as settled, or None when the failure was not recorded.
         """
-        at = to_db(self._now(now), "now")
+        at = to_db(self.clock(now), "now")
         c = alert_deliveries.c
         where = [c.id == check_id(delivery_id, "delivery_id"), c.status != DELIVERY_DELIVERED]
         if error is None:
@@ -228,7 +228,7 @@ class LedgerAlertDeliveries(LedgerStore):
             .values(**values)
             .returning(*alert_deliveries.c)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             row = conn.execute(statement).mappings().first()
         return None if row is None else _record(row)
 
@@ -244,14 +244,14 @@ class LedgerAlertDeliveries(LedgerStore):
             sa.select(alert_deliveries)
             .where(
                 c.next_attempt_at.is_not(None),
-                c.next_attempt_at <= to_db(self._now(now), "now"),
+                c.next_attempt_at <= to_db(self.clock(now), "now"),
                 c.status.in_(_OPEN),
                 c.channel.in_(list(channels)),
             )
             .order_by(c.next_attempt_at, c.id)
             .limit(max(1, min(limit, MAX_DELIVERY_ROWS)))
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [_record(r) for r in conn.execute(query).mappings()]
 
     def list_alert_deliveries(
@@ -269,13 +269,13 @@ class LedgerAlertDeliveries(LedgerStore):
         if kind is not None:
             query = query.where(c.kind == kind)
         query = query.order_by(c.id.desc()).limit(max(1, min(limit, MAX_DELIVERY_ROWS)))
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [_record(r) for r in conn.execute(query).mappings()]
 
     def alert_delivery_counts(self) -> dict[str, int]:
         """How many delivery records are in each status (every status present, 0 if none)."""
         c = alert_deliveries.c
         query = sa.select(c.status, sa.func.count()).group_by(c.status)
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             found = {status: int(n) for status, n in conn.execute(query).all()}
         return {s: found.get(s, 0) for s in (DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED)}

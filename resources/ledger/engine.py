@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from resources.core.settings import ENV_DATABASE_URL, mask_url
-from resources.ledger.model import LedgerConfigError, LedgerError
+from resources.ledger.model import LedgerConfigError, LedgerConflict, LedgerError
 from resources.ledger.statements import Statements, statements_for
 
 # Custom execution option read by the SQLite "begin" hook: how to start a transaction.
@@ -234,6 +234,11 @@ class Runtime:
         orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         detail = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
         text = str(orig).lower()
+        if isinstance(exc, sa.exc.IntegrityError) or type(orig).__name__ in (
+            "IntegrityError",
+            "UniqueViolation",
+        ):
+            return LedgerConflict(f"ledger write conflict in {where}: {detail}")
         if "no such table" in text or ("relation" in text and "does not exist" in text):
             return LedgerError(
                 f"the ledger tables are missing in {where} ({detail}); apply the migrations "

@@ -15,9 +15,7 @@ import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.engine import Runtime
 from resources.ledger.metrics import LedgerMetricsQueries
-from resources.ledger.overlap import LedgerOverlap
 from resources.ledger.queries import LedgerQueries
-from resources.ledger.scheduling import LedgerScheduling
 from resources.ledger.transitions import LedgerTransitions
 
 #: How long a statement waits for a lock, by default (milliseconds).
@@ -28,9 +26,7 @@ class Ledger(
     LedgerTransitions,
     LedgerQueries,
     LedgerAlertDeliveries,
-    LedgerScheduling,
     LedgerMetricsQueries,
-    LedgerOverlap,
 ):
     """The run ledger (see ``resources/ledger/__init__.py`` and docs/ledger.md).
 

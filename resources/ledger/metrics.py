@@ -61,7 +61,7 @@ class LedgerMetricsQueries(LedgerStore):
         query = sa.select(
             c.task_key, c.status, c.failure_kind, c.trigger, sa.func.count().label("n")
         ).group_by(c.task_key, c.status, c.trigger, c.failure_kind)
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return {
                 (r.task_key, r.status, r.failure_kind or "", r.trigger): int(r.n)
                 for r in conn.execute(query)
@@ -70,13 +70,13 @@ class LedgerMetricsQueries(LedgerStore):
     def stale_lease_counts(self, *, now: datetime | None = None) -> dict[str, int]:
         """Running entries whose lease expired before ``now``, by task."""
         c = entries.c
-        stamp = to_db(self._now(now), "now")
+        stamp = to_db(self.clock(now), "now")
         query = (
             sa.select(c.task_key, sa.func.count().label("n"))
             .where(c.status == Status.RUNNING, c.lease_expires_at < stamp)
             .group_by(c.task_key)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return {r.task_key: int(r.n) for r in conn.execute(query)}
 
     def last_success_times(self, task_keys: Iterable[str]) -> dict[str, datetime]:
@@ -89,7 +89,7 @@ class LedgerMetricsQueries(LedgerStore):
             c.finished_at.is_not(None),
         )
         found: dict[str, datetime] = {}
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             for key in task_keys:
                 value = from_db(conn.execute(query, {"task": key}).scalar())
                 if value is not None:
@@ -104,7 +104,7 @@ class LedgerMetricsQueries(LedgerStore):
             c.task_key == sa.bindparam("task"), c.origin == Origin.DUE
         )
         found: dict[str, datetime] = {}
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             for key in task_keys:
                 dedup = conn.execute(query, {"task": key}).scalar()
                 if dedup:
@@ -118,7 +118,7 @@ class LedgerMetricsQueries(LedgerStore):
         c = entries.c
         query = sa.select(c.task_key, c.origin, c.due).where(c.status.in_(WAITING_STATUSES))
         found: dict[str, datetime] = {}
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             for r in conn.execute(query):
                 due = from_db(r.due)
                 if r.origin != Origin.DUE or due is None:
@@ -134,7 +134,7 @@ class LedgerMetricsQueries(LedgerStore):
         query = sa.select(c.task_key, c.due, c.started_at, c.finished_at, c.status).where(
             c.created_at >= to_db(since, "since"), c.origin == Origin.DUE, c.due.is_not(None)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             rows = conn.execute(query).all()
         out = []
         for r in rows:
@@ -156,7 +156,7 @@ class LedgerMetricsQueries(LedgerStore):
             .group_by(c.task_key, c.failure_kind, text)
         )
         found: Counter[tuple[str, str]] = Counter()
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             for r in conn.execute(query):
                 found[(r.task_key, m.skip_reason(r.failure_kind, r.why))] += int(r.n)
         return dict(found)
@@ -195,7 +195,7 @@ class LedgerMetricsQueries(LedgerStore):
             d.channel, d.status, (d.next_attempt_at.is_(None)).label("final"), sa.func.count()
         ).group_by(d.channel, d.status, d.next_attempt_at.is_(None))
         found: Counter[tuple[str, str]] = Counter()
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             for channel, status, final, n in conn.execute(query):
                 gave_up = status == DELIVERY_FAILED and bool(final)
                 found[(channel, m.DELIVERY_GIVEN_UP if gave_up else status)] += int(n)
@@ -215,7 +215,7 @@ class LedgerMetricsQueries(LedgerStore):
         a summary that is not JSON) counts nothing and never raises. The names are this
         module's constants, never input: they are written into the SQL."""
         marks = ", ".join(f"'{v}'" for v in values)
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             if _dialect(conn) == "sqlite":
                 key = "e.task_key" if group == "task_key" else f"json_extract(i.value, '$.{group}')"
                 sql = (

@@ -29,6 +29,11 @@ class LedgerError(RuntimeError):
     """
 
 
+class LedgerConflict(LedgerError):
+    """A write lost to a concurrent one on a unique key (another process inserted the same row
+    first): the caller's transaction was rolled back and nothing of it was written."""
+
+
 class LedgerConfigError(LedgerError, InvalidInput):
     """The ledger's configuration is wrong (not an SQLAlchemy URL, an unsupported backend or
     driver, a SQLite path that cannot be a file): invalid input, exit 2 from the CLI. The

@@ -13,11 +13,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from resources.core.arguments import require_text
 from resources.core.due import Due
 from resources.core.entry import (
     ACTION_RUN_REFUSED,
     DEFAULT_LIST_LIMIT,
+    IN_PROGRESS,
     STATUSES,
+    TERMINAL_STATUSES,
     TRIGGERS,
     Entry,
     FailureKind,
@@ -47,9 +50,9 @@ class LedgerQueries(LedgerStore):
         self, entry_id: int, *, connection: Connection | None = None, for_update: bool = False
     ) -> Entry | None:
         """The entry with this id, or None. ``for_update`` locks the row in ``connection``."""
-        with self._maybe(connection) as conn:
+        with self.maybe(connection) as conn:
             try:
-                return self._load(conn, entry_id, lock=for_update)
+                return self.load(conn, entry_id, lock=for_update)
             except UnknownEntryError:
                 return None
 
@@ -61,7 +64,7 @@ class LedgerQueries(LedgerStore):
             entries.c.origin == origin,
             entries.c.dedup_key == dedup_key,
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             row = conn.execute(query).mappings().first()
         return None if row is None else entry_from_row(row)
 
@@ -85,7 +88,7 @@ class LedgerQueries(LedgerStore):
             )
             .order_by(entries.c.id)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
     def entries_updated_since(self, since: datetime) -> list[Entry]:
@@ -97,7 +100,7 @@ class LedgerQueries(LedgerStore):
             .where(entries.c.updated_at >= to_db(since, "since"))
             .order_by(entries.c.updated_at, entries.c.id)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
     def children(self, entry_id: int) -> list[Entry]:
@@ -107,7 +110,7 @@ class LedgerQueries(LedgerStore):
             .where(entries.c.parent_id == check_id(entry_id, "entry_id"))
             .order_by(entries.c.id)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
     def list_entries(
@@ -154,7 +157,7 @@ class LedgerQueries(LedgerStore):
                 sa.tuple_(entries.c.created_at, entries.c.id) < sa.tuple_(c_created, c_id)
             )
         query = query.order_by(entries.c.created_at.desc(), entries.c.id.desc()).limit(limit + 1)
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             page = [entry_from_row(r) for r in conn.execute(query).mappings()]
         if len(page) <= limit:
             return page, None
@@ -171,7 +174,7 @@ class LedgerQueries(LedgerStore):
             .where(sa.or_(audit.c.entry_id == entry_id, audit.c.child_entry_id == entry_id))
             .order_by(audit.c.id)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [_audit_json(r) for r in conn.execute(query).mappings()]
 
     def first_activity(self, task_key: str) -> datetime | None:
@@ -183,7 +186,7 @@ class LedgerQueries(LedgerStore):
         due_key = sa.select(sa.func.min(entries.c.dedup_key)).where(
             entries.c.task_key == task_key, entries.c.origin == Origin.DUE
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             first = from_db(conn.execute(created).scalar())
             key = conn.execute(due_key).scalar()
         due = Due.from_key(key).at if key else None
@@ -200,7 +203,7 @@ class LedgerQueries(LedgerStore):
             query = query.where(audit.c.action == action)
         if since is not None:
             query = query.where(audit.c.at >= to_db(since, "since"))
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return [_audit_json(r) for r in conn.execute(query).mappings()][::-1]
 
     def summary_counts(
@@ -218,7 +221,7 @@ class LedgerQueries(LedgerStore):
         """
         if not isinstance(window, timedelta) or window <= timedelta(0):
             raise ValueError(f"window must be a positive timedelta, got {window!r}")
-        at = self._now(now)
+        at = self.clock(now)
         stamp = to_db(at, "now")
         since = to_db(at - window, "now")
         c = entries.c
@@ -250,13 +253,57 @@ class LedgerQueries(LedgerStore):
             .select_from(audit)
             .where(audit.c.at >= since, audit.c.action == ACTION_RUN_REFUSED)
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             counts = {
                 name: int(conn.execute(count.where(cond)).scalar_one())
                 for name, cond in where.items()
             }
             counts["refused_window"] = int(conn.execute(refused).scalar_one())
             return counts
+
+    def in_progress(self, task_key: str) -> list[Entry]:
+        """The task's entries running, or waiting for a retry that is coming, oldest first."""
+        query = (
+            sa.select(entries)
+            .where(entries.c.task_key == require_text(task_key, "task_key"))
+            .where(entries.c.status.in_(IN_PROGRESS))
+            .order_by(entries.c.id)
+        )
+        with self.connect("autocommit") as conn:
+            return [entry_from_row(r) for r in conn.execute(query).mappings()]
+
+    def due_entries(self, task_key: str, start: datetime, end: datetime) -> dict[datetime, Entry]:
+        """The task's ``due:`` entries whose due lies in ``[start, end)``, by due (one range
+        read of the unique index over ``(task_key, origin, dedup_key)``)."""
+        low = Due.of_slot(start, 1).key
+        high = Due.of_slot(end + timedelta(seconds=59), 1).key
+        query = sa.select(entries).where(
+            entries.c.task_key == require_text(task_key, "task_key"),
+            entries.c.origin == "due",
+            entries.c.dedup_key >= low,
+            entries.c.dedup_key < high,
+        )
+        found: dict[datetime, Entry] = {}
+        with self.connect("autocommit") as conn:
+            for row in conn.execute(query).mappings():
+                entry = entry_from_row(row)
+                if entry.due is not None and start <= entry.due < end:
+                    found[entry.due] = entry
+        return found
+
+    def latest_finished(
+        self, task_key: str, *, limit: int, statuses: tuple[str, ...] = TERMINAL_STATUSES
+    ) -> list[Entry]:
+        """The task's newest entries in ``statuses`` by ``finished_at``, newest first."""
+        query = (
+            sa.select(entries)
+            .where(entries.c.task_key == require_text(task_key, "task_key"))
+            .where(entries.c.status.in_(list(statuses)), entries.c.finished_at.is_not(None))
+            .order_by(entries.c.finished_at.desc(), entries.c.id.desc())
+            .limit(limit)
+        )
+        with self.connect("autocommit") as conn:
+            return [entry_from_row(r) for r in conn.execute(query).mappings()]
 
 
 def _audit_json(row: Any) -> dict[str, Any]:

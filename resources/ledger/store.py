@@ -23,7 +23,15 @@ from resources.core.entry import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS, En
 from resources.core.instants import iso
 from resources.core.settings import load_settings
 from resources.ledger.engine import Mode, Runtime, build_runtime, current_pid
-from resources.ledger.model import UnknownEntryError, appended, check_id, entry_from_row, to_db
+from resources.ledger.model import (
+    UnknownEntryError,
+    appended,
+    check_id,
+    db_values,
+    entry_from_row,
+    to_db,
+)
+from resources.ledger.rules import Decision
 from resources.ledger.schema import entries
 from resources.ledger.statements import statements_for
 
@@ -102,12 +110,12 @@ class LedgerStore:
         and :meth:`write_audit`. On SQLite it holds the database write lock throughout;
         keep it short.
         """
-        with self._connect("write") as conn:
+        with self.connect("write") as conn:
             yield conn
 
     # --- plumbing for the operations ------------------------------------------------------
 
-    def _connect(self, mode: Mode) -> contextlib.AbstractContextManager[Connection]:
+    def connect(self, mode: Mode) -> contextlib.AbstractContextManager[Connection]:
         """A connection in ``mode`` (see :meth:`Runtime.connect`)."""
         return self._rt().connect(mode)
 
@@ -116,17 +124,17 @@ class LedgerStore:
         return self._rt().hot(name, params, returning=returning)
 
     @contextlib.contextmanager
-    def _maybe(self, connection: Connection | None) -> Iterator[Connection]:
+    def maybe(self, connection: Connection | None) -> Iterator[Connection]:
         if connection is not None:
             yield connection
         else:
-            with self._connect("autocommit") as conn:
+            with self.connect("autocommit") as conn:
                 yield conn
 
-    def _now(self, now: datetime | None) -> datetime:
+    def clock(self, now: datetime | None) -> datetime:
         return datetime.now(UTC) if now is None else require_aware(now, "now").astimezone(UTC)
 
-    def _load(self, conn: Connection, entry_id: int, *, lock: bool = False) -> Entry:
+    def load(self, conn: Connection, entry_id: int, *, lock: bool = False) -> Entry:
         sql = statements_for(conn.dialect.name)
         query = sql.select_for_update if lock else sql.select_by_id
         row = conn.execute(query, {"b_id": check_id(entry_id, "entry_id")}).mappings().first()
@@ -136,7 +144,22 @@ class LedgerStore:
             )
         return entry_from_row(row)
 
-    def _record_rejection(
+    def apply(self, conn: Connection, entry: Entry, decision: Decision) -> Entry:
+        """Write an allowed ``decision`` of a rule to the locked ``entry``, by compare-and-set
+        on its status, in the caller's transaction; the entry after the write."""
+        row = (
+            conn.execute(
+                sa.update(entries)
+                .where(entries.c.id == entry.id, entries.c.status == entry.status)
+                .values(**db_values(decision.changes))
+                .returning(*entries.c)
+            )
+            .mappings()
+            .one()
+        )
+        return entry_from_row(row)
+
+    def record_rejection(
         self, conn: Connection, entry: Entry, run_id: str, at: datetime, action: str, reason: str
     ) -> Entry:
         """Append a rejection to the (locked) entry's summary; state columns stay as they are."""
@@ -148,9 +171,9 @@ class LedgerStore:
             "reason": reason,
         }
         summary = appended(entry.summary, SUMMARY_REJECTIONS, item, MAX_LATE_JOB_REJECTIONS)
-        return self._set_summary(conn, entry.id, summary, at)
+        return self.set_summary(conn, entry.id, summary, at)
 
-    def _set_summary(
+    def set_summary(
         self, conn: Connection, entry_id: int, summary: dict[str, Any], at: datetime
     ) -> Entry:
         row = (

@@ -20,7 +20,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import rules
 from resources.core.arguments import require_text
 from resources.core.due import Due, format_due
 from resources.core.entry import (
@@ -36,13 +35,14 @@ from resources.core.entry import (
     FailureKind,
     Origin,
     Status,
+    Trigger,
     origin_of,
     with_summary_lists,
 )
 from resources.core.fence import Fence
 from resources.core.instants import iso
-from resources.core.rules import claim_refusal, who
 from resources.core.text import clean_json
+from resources.ledger import rules
 from resources.ledger.model import (
     ClaimResult,
     appended,
@@ -54,6 +54,7 @@ from resources.ledger.model import (
     to_db,
     truncate_error,
 )
+from resources.ledger.rules import claim_refusal, who
 from resources.ledger.schema import audit, entries
 from resources.ledger.statements import statements_for
 from resources.ledger.store import LedgerStore
@@ -103,7 +104,7 @@ class LedgerTransitions(LedgerStore):
             raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if parent_id is not None:
             check_id(parent_id, "parent_id")
-        at = to_db(self._now(now), "now")
+        at = to_db(self.clock(now), "now")
         values: dict[str, Any] = {
             "task_key": task_key,
             "trigger": trigger,
@@ -126,7 +127,7 @@ class LedgerTransitions(LedgerStore):
             entries.c.origin == origin,
             entries.c.dedup_key == dedup_key,
         )
-        with self._maybe(connection) as conn:
+        with self.maybe(connection) as conn:
             try:
                 row = (
                     conn.execute(statements_for(conn.dialect.name).insert_entry, values)
@@ -154,7 +155,7 @@ class LedgerTransitions(LedgerStore):
         """
         check_run_id(run_id)
         ttl = check_ttl(lease_ttl)
-        at = self._now(now)
+        at = self.clock(now)
         entry_id = check_id(entry_id, "entry_id")
         params = {
             "b_id": entry_id,
@@ -166,8 +167,8 @@ class LedgerTransitions(LedgerStore):
         if row is not None:
             return ClaimResult(claimed=True, entry=entry_from_row(row), reason=None)
         # Slow path: decide again while holding the row, so the answer and the record agree.
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
             decision = rules.claim(entry, run_id, now=at, lease_ttl=ttl)
             if decision.allowed and not decision.changes:  # re-entrant: the owner again
                 return ClaimResult(claimed=True, entry=entry, reason=None, reentrant=True)
@@ -176,7 +177,7 @@ class LedgerTransitions(LedgerStore):
                 row = conn.execute(self._rt().sql.claim, params).mappings().one()
                 return ClaimResult(claimed=True, entry=entry_from_row(row), reason=None)
             reason = decision.refusal or claim_refusal(entry)
-            entry = self._record_rejection(conn, entry, run_id, at, "claim", reason)
+            entry = self.record_rejection(conn, entry, run_id, at, "claim", reason)
         return ClaimResult(claimed=False, entry=entry, reason=reason)
 
     def heartbeat(
@@ -189,7 +190,7 @@ class LedgerTransitions(LedgerStore):
         """
         check_run_id(run_id)
         ttl = check_ttl(lease_ttl)
-        at = self._now(now)
+        at = self.clock(now)
         params = {
             "b_id": check_id(entry_id, "entry_id"),
             "b_run_id": run_id,
@@ -205,18 +206,18 @@ class LedgerTransitions(LedgerStore):
         as it is, the attempt is recorded as a rejection and False is returned.
         """
         check_run_id(run_id)
-        at = self._now(now)
+        at = self.clock(now)
         entry_id = check_id(entry_id, "entry_id")
         params = {"b_id": entry_id, "b_run_id": run_id, "b_now": to_db(at, "now")}
         if self._hot("succeed", params, returning=False) == 1:
             return True
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
             reason = rules.succeed(entry, run_id, now=at).refusal or (
                 f"late completion from run {run_id}: {who(entry)} changed meanwhile; "
                 f"nothing changed"
             )
-            self._record_rejection(conn, entry, run_id, at, "succeed", reason)
+            self.record_rejection(conn, entry, run_id, at, "succeed", reason)
         return False
 
     def fail(
@@ -251,7 +252,7 @@ class LedgerTransitions(LedgerStore):
                 )
             raise ValueError(f"failure kind {kind!r} is not one of {', '.join(RUN_FAILURE_KINDS)}")
         text = truncate_error(error)
-        at = self._now(now)
+        at = self.clock(now)
         entry_id = check_id(entry_id, "entry_id")
         params = {
             "b_id": entry_id,
@@ -264,8 +265,8 @@ class LedgerTransitions(LedgerStore):
         row = self._hot("fail", params, returning=True)
         if row is not None:
             return entry_from_row(row)
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
             decision = rules.fail(
                 entry, run_id, kind=kind, error=text, now=at, retry_coming=retry_coming
             )
@@ -273,7 +274,7 @@ class LedgerTransitions(LedgerStore):
                 f"late failure report from run {run_id} ({kind}): {who(entry)} changed "
                 f"meanwhile; nothing changed"
             )
-            return self._record_rejection(conn, entry, run_id, at, "fail", reason)
+            return self.record_rejection(conn, entry, run_id, at, "fail", reason)
 
     def reject(
         self, entry_id: int, run_id: str, *, reason: str, now: datetime | None = None
@@ -281,10 +282,10 @@ class LedgerTransitions(LedgerStore):
         """Record that ``run_id`` was a late or duplicate run for this entry; state untouched."""
         check_run_id(run_id)
         require_text(reason, "reason")
-        at = self._now(now)
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
-            return self._record_rejection(conn, entry, run_id, at, "reject", reason)
+        at = self.clock(now)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
+            return self.record_rejection(conn, entry, run_id, at, "reject", reason)
 
     # --- fencing ---------------------------------------------------------------------------
 
@@ -298,7 +299,7 @@ class LedgerTransitions(LedgerStore):
             "b_run_id": check_run_id(fence.run_id),
             "b_token": fence.token,
         }
-        with self._maybe(connection) as conn:
+        with self.maybe(connection) as conn:
             statement = statements_for(conn.dialect.name).holds
             return conn.execute(statement, params).first() is not None
 
@@ -307,15 +308,15 @@ class LedgerTransitions(LedgerStore):
     ) -> Entry:
         """Trace a side effect refused by the fence: a rejection (action ``side_effect``)
         in the entry's ``summary.late_job_rejections``; the entry's state is untouched."""
-        at = self._now(now)
-        with self._connect("write") as conn:
-            entry = self._load(conn, fence.entry_id, lock=True)
+        at = self.clock(now)
+        with self.connect("write") as conn:
+            entry = self.load(conn, fence.entry_id, lock=True)
             decision = rules.holds(entry, fence, effect=effect)
             reason = decision.refusal or (
                 f"side effect {effect!r} of run {fence.run_id} (claim {fence.token}) refused: "
                 f"{who(entry)} changed while the effect was being committed"
             )
-            return self._record_rejection(conn, entry, fence.run_id, at, "side_effect", reason)
+            return self.record_rejection(conn, entry, fence.run_id, at, "side_effect", reason)
 
     # --- dispatch --------------------------------------------------------------------------
 
@@ -336,9 +337,9 @@ class LedgerTransitions(LedgerStore):
         text = truncate_error(error)
         if run_id is not None:
             check_run_id(run_id)
-        at = self._now(now)
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
+        at = self.clock(now)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
             decision = rules.dispatch_failure(entry, error=text, now=at)
             if not decision.allowed:
                 return entry
@@ -364,7 +365,7 @@ class LedgerTransitions(LedgerStore):
         Refused (False) unless the entry is dispatch_failed, and once a manual retry has
         been made of it (its child runs instead).
         """
-        at = self._now(now)
+        at = self.clock(now)
         stmt = (
             sa.update(entries)
             .where(
@@ -375,59 +376,63 @@ class LedgerTransitions(LedgerStore):
             )
             .values(status=Status.QUEUED, attempt=0, updated_at=to_db(at, "now"))
         )
-        with self._connect("autocommit") as conn:
+        with self.connect("autocommit") as conn:
             return conn.execute(stmt).rowcount == 1
 
-    # --- leases ------------------------------------------------------------------------------
+    def skip_entry(self, entry_id: int, *, reason: str, now: datetime | None = None) -> Entry:
+        """``queued -> skipped`` with ``reason`` (compare-and-set); the entry after the call
+        (unchanged when it was not queued)."""
+        require_text(reason, "reason")
+        at = self.clock(now)
+        with self.connect("write") as conn:
+            entry = self.load(conn, check_id(entry_id, "entry_id"), lock=True)
+            decision = rules.skip(entry, reason=truncate_error(reason), now=at)
+            return self.apply(conn, entry, decision) if decision.allowed else entry
 
-    def reclaim_expired(
-        self, *, now: datetime | None = None, dry_run: bool = False, limit: int = 1000
-    ) -> list[Entry]:
-        """Running entries whose lease expired before ``now`` -> ``failed`` (lease_reclaimed).
-
-        Never re-run automatically: the run may have had side effects. Each entry is
-        reclaimed by its own compare-and-set (same owner, lease still expired), so a run that
-        heartbeats in between keeps its entry. Returns the reclaimed entries (after); with
-        ``dry_run`` the candidates, unchanged.
-        """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}")
-        at = self._now(now)
-        stamp = to_db(at, "now")
-        query = (
-            sa.select(entries)
-            .where(entries.c.status == Status.RUNNING, entries.c.lease_expires_at < stamp)
-            .order_by(entries.c.lease_expires_at, entries.c.id)
-            .limit(limit)
-        )
-        with self._connect("autocommit") as conn:
-            candidates = [entry_from_row(r) for r in conn.execute(query).mappings()]
-            if dry_run:
-                return candidates
-            reclaimed = []
-            for entry in candidates:
-                decision = rules.reclaim(entry, now=at)
-                if not decision.allowed:  # selected by the same condition: cannot happen
-                    continue
-                changes = dict(decision.changes, error=truncate_error(decision.changes["error"]))
-                row = (
-                    conn.execute(
-                        sa.update(entries)
-                        .where(
-                            entries.c.id == entry.id,
-                            entries.c.status.in_(rules.RECLAIM_FROM),
-                            entries.c.lease_owner == entry.lease_owner,
-                            entries.c.lease_expires_at < stamp,
-                        )
-                        .values(**db_values(changes))
-                        .returning(*entries.c)
-                    )
-                    .mappings()
-                    .first()
-                )
-                if row is not None:
-                    reclaimed.append(entry_from_row(row))
-        return reclaimed
+    def record_skipped_due(
+        self,
+        task_key: str,
+        due: Due | datetime,
+        *,
+        reason: str,
+        trigger: str = Trigger.SCHEDULE,
+        max_attempts: int = 1,
+        now: datetime | None = None,
+    ) -> tuple[Entry, bool]:
+        """The entry of ``task_key``'s ``due`` written ``skipped`` with ``reason`` unless the due
+        has an entry already (insert-or-ignore); returns it and whether this call wrote it."""
+        require_text(task_key, "task_key")
+        require_text(reason, "reason")
+        due = Due.coerce(due)
+        at = to_db(self.clock(now), "now")
+        values: dict[str, Any] = {
+            "task_key": task_key,
+            "trigger": trigger,
+            "origin": "due",
+            "dedup_key": due.key,
+            "due": to_db(due.at, "due"),
+            "status": Status.SKIPPED,
+            "attempt": 0,
+            "max_attempts": max_attempts,
+            "parent_id": None,
+            "run_ids": [],
+            "created_at": at,
+            "updated_at": at,
+            "finished_at": at,
+            "error": truncate_error(reason),
+            "summary": with_summary_lists(None),
+        }
+        with self.connect("autocommit") as conn:
+            sql = statements_for(conn.dialect.name)
+            row = conn.execute(sql.insert_entry, values).mappings().first()
+            if row is not None:
+                return entry_from_row(row), True
+            existing = sa.select(entries).where(
+                entries.c.task_key == task_key,
+                entries.c.origin == "due",
+                entries.c.dedup_key == due.key,
+            )
+            return entry_from_row(conn.execute(existing).mappings().one()), False
 
     # --- hooks, audit, manual retry support -------------------------------------------------
 
@@ -440,11 +445,11 @@ class LedgerTransitions(LedgerStore):
             item = clean_json(json.loads(json.dumps(dict(result))))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"hook result {result!r} is not JSON-serialisable: {exc}") from None
-        at = self._now(None)
-        with self._connect("write") as conn:
-            entry = self._load(conn, entry_id, lock=True)
+        at = self.clock(None)
+        with self.connect("write") as conn:
+            entry = self.load(conn, entry_id, lock=True)
             summary = appended(entry.summary, SUMMARY_HOOKS, item, MAX_HOOK_RESULTS)
-            self._set_summary(conn, entry.id, summary, at)
+            self.set_summary(conn, entry.id, summary, at)
 
     def mark_manual_retry(
         self,
@@ -464,7 +469,7 @@ class LedgerTransitions(LedgerStore):
         unknown = [s for s in statuses if s not in STATUSES]
         if unknown:
             raise ValueError(f"unknown status {', '.join(map(repr, unknown))}")
-        at = to_db(self._now(now), "now")
+        at = to_db(self.clock(now), "now")
         stmt = (
             sa.update(entries)
             .where(
@@ -474,7 +479,7 @@ class LedgerTransitions(LedgerStore):
             )
             .values(manual_retry_at=at, manual_retry_by=operator, updated_at=at)
         )
-        with self._maybe(connection) as conn:
+        with self.maybe(connection) as conn:
             return conn.execute(stmt).rowcount == 1
 
     def write_audit(
@@ -500,7 +505,7 @@ class LedgerTransitions(LedgerStore):
         stmt = (
             sa.insert(audit)
             .values(
-                at=to_db(self._now(now), "now"),
+                at=to_db(self.clock(now), "now"),
                 operator=operator,
                 action=action,
                 entry_id=entry_id,
@@ -511,7 +516,7 @@ class LedgerTransitions(LedgerStore):
             )
             .returning(audit.c.id)
         )
-        with self._maybe(connection) as conn:
+        with self.maybe(connection) as conn:
             return int(conn.execute(stmt).scalar_one())
 
     def settle_unretried_run(
@@ -532,9 +537,9 @@ class LedgerTransitions(LedgerStore):
         check_run_id(run_id)
         if kind not in RUN_FAILURE_KINDS:
             raise ValueError(f"failure kind {kind!r} is not one of {', '.join(RUN_FAILURE_KINDS)}")
-        at = self._now(now)
-        with self._connect("write") as conn:
-            entry = self._load(conn, check_id(entry_id, "entry_id"), lock=True)
+        at = self.clock(now)
+        with self.connect("write") as conn:
+            entry = self.load(conn, check_id(entry_id, "entry_id"), lock=True)
             decision = rules.settle_unretried(
                 entry, run_id, kind=kind, error=truncate_error(error), now=at
             )

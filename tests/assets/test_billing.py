@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from hook_support import build
 
 from assets import domain_assets
-from assets.billing import (
+from assets.billing.reminders import (
     RULE_OVERDUE,
     RULE_RENEWAL,
     expand_channels,
@@ -26,7 +26,7 @@ from assets.billing import (
     renewal_stages,
 )
 from assets.domain_config import DomainRules
-from assets.policies import ReminderPolicy
+from assets.tunables import ReminderPolicy
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger

@@ -15,18 +15,18 @@ import pytest
 import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 from hook_support import build
+from orchestration.tasks import TASKS
 from run_support import scheduled
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
-from assets.log_archive import (
+from assets.logs.archive import (
     ArchivedLog,
     ArchiveVerificationError,
     archive_log,
     verify_archive,
     write_archive,
 )
-from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger

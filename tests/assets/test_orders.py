@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 
-from assets.orders import (
+from assets.orders.cleanup import (
     OrderCleanupPolicy,
     cancel_orders,
     candidate_orders_query,

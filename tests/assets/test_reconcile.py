@@ -11,7 +11,7 @@ import pytest
 from hook_support import build
 
 from assets import domain_assets
-from assets.reconcile import (
+from assets.billing.reconcile import (
     KIND_BALANCE,
     KIND_INVOICE,
     KIND_PAYMENT,

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from hook_support import HEARD, hooks_file
 
 from assets import domain_assets
-from assets.billing import (
+from assets.billing.reminders import (
     NOTICE_FIRST,
     NOTICE_LATER,
     NOTICE_SKIPPED,

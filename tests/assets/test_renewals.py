@@ -15,8 +15,8 @@ from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
-from assets.policies import AutoRenewPolicy
-from assets.renewals import apply_auto_renew, plan_auto_renew
+from assets.services.renewals import apply_auto_renew, plan_auto_renew
+from assets.tunables import AutoRenewPolicy
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 
-from assets.services import (
+from assets.services.lifecycle import (
     LifecyclePlan,
     LifecyclePolicy,
     apply_lifecycle,

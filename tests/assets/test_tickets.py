@@ -14,8 +14,8 @@ from hook_support import build
 
 from assets import domain_assets
 from assets.domain_config import DomainRules
-from assets.policies import TicketAutoClosePolicy
-from assets.tickets import close_tickets, select_tickets_to_close
+from assets.tickets.auto_close import close_tickets, select_tickets_to_close
+from assets.tunables import TicketAutoClosePolicy
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger

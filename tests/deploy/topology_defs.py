@@ -10,19 +10,19 @@ the suite fast: the default executor starts a second process per run).
 """
 
 import dagster as dg
-
 from assets.automation import TASK_ASSETS
-from orchestration.catalog import build_resources
-from orchestration.factory import build_task_definitions
+
+from orchestration.declarations import task_views
+from orchestration.definitions import build_resources
 from orchestration.services.hooks import Hooks
-from orchestration.services.views import task_views
+from orchestration.task_defs import task_jobs_and_schedules
 from sensors import build_sensors
 
 TASKS = ("order_cleanup", "service_lifecycle_maintenance")
 
 _hooks = Hooks.from_environment()
 _views = [v for v in task_views() if v.spec.key in TASKS]
-_jobs, _schedules = build_task_definitions(_views, hooks=_hooks)
+_jobs, _schedules = task_jobs_and_schedules(_views, hooks=_hooks)
 
 defs = dg.Definitions(
     assets=[task.build(_hooks) for task in TASK_ASSETS if task.task_key in TASKS],

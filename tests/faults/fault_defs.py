@@ -7,18 +7,18 @@ that run does not spawn a step process (both only to keep the suite fast).
 """
 
 import dagster as dg
-
 from assets.automation import order_cleanup
-from orchestration.catalog import build_resources
-from orchestration.factory import build_task_definitions
+
+from orchestration.declarations import task_views
+from orchestration.definitions import build_resources
 from orchestration.services.hooks import Hooks
-from orchestration.services.views import task_views
+from orchestration.task_defs import task_jobs_and_schedules
 
 TASK = "order_cleanup"
 SCHEDULE = "order_cleanup_schedule"
 
 _hooks = Hooks.from_environment()
-_jobs, _schedules = build_task_definitions(
+_jobs, _schedules = task_jobs_and_schedules(
     [v for v in task_views() if v.spec.key == TASK], hooks=_hooks
 )
 

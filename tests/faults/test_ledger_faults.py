@@ -17,8 +17,9 @@ import pytest
 from pg_server import PgServer
 from sqlalchemy.engine import make_url
 
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import Entry, LedgerError, RunLedger, dedup_key_for_due
+from orchestration.reclaim import reclaim_expired
+from resources.core.entry import Entry, FailureKind, Status, Trigger, dedup_key_for_due
+from resources.ledger import LedgerError, RunLedger
 
 pytestmark = pytest.mark.postgres
 
@@ -128,10 +129,10 @@ def test_clock_skew_inside_the_lease_never_gives_two_owners(
     assert ledger.claim(entry.id, "run-a", lease_ttl=TTL, now=a_clock).claimed
     # B (ahead) and a reclaim sensor on B's clock: lease still live -> refused, nothing reclaimed.
     assert not ledger.claim(entry.id, "run-b", lease_ttl=TTL, now=b_clock).claimed
-    assert ledger.reclaim_expired(now=b_clock) == []
+    assert reclaim_expired(ledger, now=b_clock) == []
     # A renews on its own (slow) clock; B's view still sees the lease live.
     assert ledger.heartbeat(entry.id, "run-a", lease_ttl=TTL, now=a_clock + timedelta(seconds=50))
-    assert ledger.reclaim_expired(now=b_clock + timedelta(seconds=50)) == []
+    assert reclaim_expired(ledger, now=b_clock + timedelta(seconds=50)) == []
     late = ledger.claim(entry.id, "run-b", lease_ttl=TTL, now=b_clock + timedelta(seconds=50))
     assert not late.claimed
     assert _get(ledger, entry.id).lease_owner == "run-a"
@@ -139,7 +140,7 @@ def test_clock_skew_inside_the_lease_never_gives_two_owners(
     # A goes silent. After the lease expired (by B's clock) only reclaim acts: failed.
     expired = a_clock + timedelta(seconds=50) + TTL + skew + timedelta(seconds=1)
     assert not ledger.claim(entry.id, "run-b", lease_ttl=TTL, now=expired).claimed
-    reclaimed = ledger.reclaim_expired(now=expired)
+    reclaimed = reclaim_expired(ledger, now=expired)
     assert [e.id for e in reclaimed] == [entry.id]
     assert not ledger.claim(entry.id, "run-b", lease_ttl=TTL, now=expired).claimed
     # A's late completion does not overwrite the reclaim.
@@ -201,7 +202,7 @@ def test_a_worker_killed_at_each_ledger_step_loses_no_due_and_never_runs_it_twic
     # What happens next: the reclaim sensor runs after the lease TTL, and a second run for
     # the same due (a resumed tick, a Dagster retry) tries to claim.
     later = DUE + TTL + timedelta(seconds=1)
-    reclaimed = ledger.reclaim_expired(now=later)
+    reclaimed = reclaim_expired(ledger, now=later)
     retry = ledger.claim(entry.id, "run-next", lease_ttl=TTL, now=later)
     if retry.claimed:
         with effects.open("a") as fh:

@@ -31,9 +31,9 @@ from dagster_internals import (
 from pg_server import PgServer
 
 from resources.core import tags as t
-from resources.core.entry import Status
+from resources.core.entry import Entry, Status, dedup_key_for_due
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
-from resources.ledger import Entry, RunLedger, dedup_key_for_due
+from resources.ledger import RunLedger
 from resources.sample_data import generate_sample_data
 from resources.source_schema import ORDER_CANCELLED, automation_log, orders
 from resources.source_store import make_engine

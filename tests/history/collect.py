@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from history.history_format import Record, stamp
 
 from orchestration.services.summary import all_entries
-from resources.ledger import Entry, RunLedger
+from resources.core.entry import Entry
+from resources.ledger import RunLedger
 
 MISSED_REASON = (
     "reported by `dueledger summary` (missed_dues): no ledger entry and no Dagster run for "

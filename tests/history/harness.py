@@ -60,12 +60,11 @@ from history.harness_model import (
 from history.harness_model import due_text as _due
 from history.history_format import HistoryWriter, stamp
 
-from orchestration.retry import is_retry_of_a_dispatch_failure
+from orchestration.manual_launch import entry_request_from_tags
+from orchestration.reclaim import reclaim_leases
+from orchestration.retry import is_retry_of_a_dispatch_failure, record_retry
 from orchestration.services.outcomes import reconcile_run
-from orchestration.services.reclaim import reclaim_leases
-from orchestration.services.retry import record_retry
 from orchestration.services.summary import ledger_summary
-from orchestration.task_run import entry_request_from_tags
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t

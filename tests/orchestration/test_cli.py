@@ -8,12 +8,12 @@ from dataclasses import replace
 import dagster as dg
 import pytest
 from click.testing import CliRunner
+from orchestration.tasks import TASKS
 
 from orchestration.cli import main
+from orchestration.manual_launch import launch_manual
 from orchestration.services.hooks import Hooks
 from orchestration.services.launch import manual_run_id
-from orchestration.services.manual import launch_manual
-from orchestration.tasks import TASKS
 from resources.core.errors import Refused
 from resources.core.settings import mask_url
 from resources.ledger import RunLedger

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from orchestration.cli import main
 from resources.core import alerting as a
-from resources.core.entry import Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import Status, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 from resources.ledger.schema import alert_deliveries
 
 

@@ -40,11 +40,11 @@ from cli_process import stored_text
 from click.testing import CliRunner
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from orchestration.tasks import TASKS
 
 from orchestration.cli import main
-from orchestration.tasks import TASKS
 from resources.core import alerting as a
-from resources.core.entry import STATUSES, Trigger
+from resources.core.entry import STATUSES, Trigger, dedup_key_for_due
 from resources.core.settings import (
     ENV_DATABASE_URL,
     ENV_IDENTITY,
@@ -54,7 +54,7 @@ from resources.core.settings import (
     ENV_SOURCE_URL,
     ENV_TIMEZONE,
 )
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)

@@ -25,11 +25,11 @@ import sqlalchemy as sa
 from alert_sinks import WebhookSink, free_port, start
 from cli_process import Ran, base_env, run_cli, stored_text
 
+from orchestration.declarations import task_views
 from orchestration.services.launch import manual_run_id
-from orchestration.services.views import task_views
 from resources.core import alerting as a
 from resources.core import tags as t
-from resources.core.entry import Status, Trigger
+from resources.core.entry import Status, Trigger, dedup_key_for_due
 from resources.core.settings import (
     ENV_DATABASE_URL,
     ENV_IDENTITY,
@@ -37,7 +37,7 @@ from resources.core.settings import (
     ENV_PLUGIN_TASKS,
     ENV_SOURCE_URL,
 )
-from resources.ledger import LedgerError, RunLedger, dedup_key_for_due
+from resources.ledger import LedgerError, RunLedger
 from resources.ledger.schema import alert_deliveries, audit
 from resources.sample_data import generate_sample_data
 from resources.source_store import make_engine

@@ -21,18 +21,19 @@ from contract import ENTRY_KEYS, SUMMARY_LISTS
 
 from orchestration.cli import main
 from orchestration.cli.runs import CHECK_IDENTITY
+from orchestration.reclaim import reclaim_expired
 from orchestration.retry import CHECK_ACKNOWLEDGED, CHECK_ROLE_ADMIN, CHECK_ROLE_RETRIER
 from resources.core import tags as t
 from resources.core.arguments import MAX_REASON_CHARS
-from resources.core.entry import Trigger
-from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
-from resources.ledger import (
+from resources.core.entry import (
     Entry,
-    RunLedger,
+    Trigger,
     dedup_key_for_due,
     dedup_key_for_request,
     dedup_key_for_retry,
 )
+from resources.core.settings import ENV_DATABASE_URL, ENV_IDENTITY, ENV_OPERATORS
+from resources.ledger import RunLedger
 from resources.ledger.schema import entries
 
 TASK, OTHER = "order_cleanup", "service_lifecycle_maintenance"
@@ -527,7 +528,7 @@ def test_acknowledging_side_effects_needs_an_admin(team: Cli) -> None:
     ledger = team.ledger
     entry = scheduled(ledger, 0)
     assert ledger.claim(entry.id, "run-x", lease_ttl=TTL, now=DUE).claimed
-    [reclaimed] = ledger.reclaim_expired(now=DUE + timedelta(hours=1))
+    [reclaimed] = reclaim_expired(ledger, now=DUE + timedelta(hours=1))
     args = ["runs", "retry", str(reclaimed.id), "--reason", "checked the mails"]
 
     assert f"rule {CHECK_ACKNOWLEDGED}" in team.error(*args, "--operator", "alice", code=3)
@@ -570,7 +571,7 @@ def test_an_admin_may_act_for_someone_with_their_roles_and_both_are_audited(team
     ledger = team.ledger
     entry = scheduled(ledger, 0)
     assert ledger.claim(entry.id, "run-x", lease_ttl=TTL, now=DUE).claimed
-    [reclaimed] = ledger.reclaim_expired(now=DUE + timedelta(hours=1))
+    [reclaimed] = reclaim_expired(ledger, now=DUE + timedelta(hours=1))
     alice = replace(team, as_named=False, identity="alice")  # the admin
     assert alice.json("runs", "show", str(reclaimed.id), "--operator", "carol")["id"]
     acted = ledger.audit_for(reclaimed.id)[-1]

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from orchestration.services.hooks import HookRegistry, Hooks
-from orchestration.services.runtime import SecondWorkerOfRun, task_run
+from orchestration.task_run import SecondWorkerOfRun, task_run
 from orchestration.task_spec import TaskSpec
 from orchestration.timetable import EverySlots
 from resources.core import tags as t

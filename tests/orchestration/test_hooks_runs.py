@@ -16,16 +16,16 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 from hook_support import SwappableHooks
+from orchestration.tasks import TASKS
 from run_support import refused, scheduled
 
 from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.factory import build_task_definitions
+from orchestration.declarations import task_views
+from orchestration.manual_launch import launch_manual
 from orchestration.services import hooks
-from orchestration.services.manual import launch_manual
-from orchestration.services.runtime import task_run
-from orchestration.services.views import task_views
+from orchestration.task_defs import task_jobs_and_schedules
+from orchestration.task_run import task_run
 from orchestration.task_spec import TaskSpec
-from orchestration.tasks import TASKS
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
@@ -43,7 +43,7 @@ DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 DUE_KEY = "2026-11-30T22:45:00Z"
 # What each test installs; the code location's schedules and assets, built with it.
 HOOKS = SwappableHooks()
-SCHEDULES = {s.name: s for s in build_task_definitions(task_views(), hooks=HOOKS)[1]}
+SCHEDULES = {s.name: s for s in task_jobs_and_schedules(task_views(), hooks=HOOKS)[1]}
 TICK_ASSETS = {a.task_key: a.build(HOOKS) for a in SLOT_TICK_ASSETS}
 # A registered-by-its-own-asset task whose body always fails (not in TASKS; its runs are
 # supported because the run's task is the asset's own task).

@@ -18,7 +18,9 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from orchestration.tasks import TASKS
 
+from orchestration.manual_launch import launch_manual
 from orchestration.services import launch
 from orchestration.services.hooks import Hooks
 from orchestration.services.launch import (
@@ -32,8 +34,6 @@ from orchestration.services.launch import (
     run_id_from_reexecution,
     submit_run,
 )
-from orchestration.services.manual import launch_manual
-from orchestration.tasks import TASKS
 from resources.core import tags as t
 from resources.core.arguments import MAX_REASON_CHARS
 from resources.core.entry import FailureKind, Status

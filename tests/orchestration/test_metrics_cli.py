@@ -22,20 +22,20 @@ from typing import Any
 import dagster as dg
 import pytest
 from hook_support import registry_of
+from orchestration.tasks import TASKS
 from processes import start_group, stop_group
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.services.hooks import Hooks, Listener
-from orchestration.services.runtime import task_run
+from orchestration.task_run import task_run
 from orchestration.task_spec import require_task
-from orchestration.tasks import TASKS
 from resources.core import metrics as m
 from resources.core import tags as t
 from resources.core.alerting import ENV_WEBHOOK_URL
 from resources.core.due import floor_to_slot, format_due
-from resources.core.entry import FailureKind, Trigger
+from resources.core.entry import FailureKind, Trigger, dedup_key_for_due
 from resources.core.settings import ENV_DATABASE_URL, PROJECT_ROOT
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 SPEC = require_task(TASKS, "order_cleanup")
 SLOT = timedelta(minutes=15)

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from policy_support import DUE, POLICY_DEFS, SLOT, World, policy_world
 
+from orchestration.manual_launch import launch_manual
 from orchestration.services.hooks import Hooks
-from orchestration.services.manual import launch_manual
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import Refused

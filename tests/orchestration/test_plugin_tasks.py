@@ -27,8 +27,17 @@ from typing import Any
 import dagster as dg
 import pytest
 from click.testing import CliRunner
+from orchestration.tasks import TASKS
 
 from orchestration.cli import main
+from orchestration.declarations import (
+    ENTRY_POINT_GROUP,
+    LOCATION_RESOURCE_KEYS,
+    TaskRegistry,
+    load_task_registry,
+    task_views,
+)
+from orchestration.manual_launch import EntryRequest
 from orchestration.services import hooks
 from orchestration.services.outcomes import (
     alert_of,
@@ -36,21 +45,12 @@ from orchestration.services.outcomes import (
     reconcile_events,
     settle_abandoned_retries,
 )
-from orchestration.services.task_plugins import (
-    ENTRY_POINT_GROUP,
-    LOCATION_RESOURCE_KEYS,
-    TaskRegistry,
-    load_task_registry,
-)
-from orchestration.services.views import task_views
-from orchestration.task_run import EntryRequest
 from orchestration.task_spec import TaskSpecError, task_run_tags, validate_spec
-from orchestration.tasks import TASKS
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_request
 from resources.core.outcomes import Action, Reconciled
 from resources.core.settings import ENV_PLUGIN_TASKS
-from resources.ledger import RunLedger, dedup_key_for_request
+from resources.ledger import RunLedger
 
 
 @pytest.fixture
@@ -584,7 +584,8 @@ def test_the_code_location_builds_each_plugin_tasks_asset_once(
     # code location takes that build (issue 25: building each one twice was a tenth of a
     # 500-task location's load). Other hooks still get assets of their own, firing them.
     import orchestration.task_asset as task_asset_module
-    from orchestration.catalog import plugin_definitions
+
+    from orchestration.definitions import plugin_definitions
 
     built: list[str] = []
     original = task_asset_module.TaskAsset.build

@@ -22,6 +22,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from orchestration.reclaim import reclaim_expired
 from orchestration.retry import (
     CHECK_ACKNOWLEDGED,
     CHECK_MANUAL_TRIGGER,
@@ -32,17 +33,26 @@ from orchestration.retry import (
     CHECK_STATUS,
     LAUNCH_NEW_RUN,
     LAUNCH_REEXECUTION,
+    RetryResult,
+    record_retry,
+    retry_entry,
 )
 from orchestration.services.launch import LaunchFailed, retry_run_id
-from orchestration.services.retry import RetryResult, record_retry, retry_entry
 from orchestration.task_spec import TaskSpec
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.entry import (
+    Entry,
+    FailureKind,
+    Status,
+    Trigger,
+    dedup_key_for_due,
+    dedup_key_for_request,
+)
 from resources.core.errors import InvalidInput, Refused
 from resources.core.operators import Operators, load_operators, parse_operators
 from resources.core.settings import PROJECT_ROOT
-from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_request
+from resources.ledger import RunLedger
 
 # --- named instants ----------------------------------------------------------------------------
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
@@ -120,7 +130,7 @@ def failed(ledger: RunLedger, task: str = TASK) -> Entry:
 
 def reclaimed(ledger: RunLedger, task: str = TASK) -> Entry:
     entry = running(ledger, task)
-    assert ledger.reclaim_expired(now=LEASE_LONG_EXPIRED)
+    assert reclaim_expired(ledger, now=LEASE_LONG_EXPIRED)
     return _get(ledger, entry)
 
 

@@ -18,8 +18,8 @@ from run_support import refused, scheduled
 from assets import automation
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.entry import Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
+from resources.core.entry import Status, Trigger, dedup_key_for_due, dedup_key_for_request
+from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.

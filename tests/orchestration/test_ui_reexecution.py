@@ -31,19 +31,26 @@ from orchestration.retry import (
     CHECK_RECORDED,
     CHECK_ROLE_RETRIER,
     CHECK_STATUS,
+    retry_entry,
 )
 from orchestration.services.launch import (
     REEXECUTE_MUTATION,
     reexecution_variables,
     run_id_from_reexecution,
 )
-from orchestration.services.retry import retry_entry
 from resources.core import tags as t
 from resources.core.due import parse_due
-from resources.core.entry import ACTION_RUN_REFUSED, Status, Trigger
+from resources.core.entry import (
+    ACTION_RUN_REFUSED,
+    Entry,
+    Status,
+    Trigger,
+    dedup_key_for_due,
+    dedup_key_for_retry,
+)
 from resources.core.operators import UI_OPERATOR, load_operators
 from resources.core.settings import ENV_DATABASE_URL, ENV_OPERATORS
-from resources.ledger import Entry, RunLedger, dedup_key_for_due, dedup_key_for_retry
+from resources.ledger import RunLedger
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "retry_defs.py"
 DUE = "2026-11-30T22:45:00Z"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from orchestration.task_run import entry_request_from_tags
+from orchestration.manual_launch import entry_request_from_tags
 from orchestration.timetable import Cron, decide_tick, schedule_plan
 from resources.core import tags as t
 from resources.core.due import Due, format_due, parse_due

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from resources.core.dues import DueVerdict, Pause, Scheduling, due_verdict, missed
+from orchestration.missed_dues import DueVerdict, Scheduling, due_verdict, missed
+from orchestration.pause import Pause
 
 SLOT = timedelta(minutes=15)
 started_at_1453 = datetime(2026, 12, 4, 14, 53, tzinfo=UTC)

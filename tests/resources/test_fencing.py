@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from resources.core import rules
-from resources.core.entry import FailureKind, Trigger
+from orchestration.reclaim import reclaim_expired
+from resources.core.entry import FailureKind, Trigger, dedup_key_for_due
 from resources.core.fence import Fence, FenceLost
 from resources.effects import effect_transaction, verify_fence
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.ledger import RunLedger, rules
 from resources.ledger.fence import LedgerGuard, database_identity
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
@@ -113,7 +113,7 @@ def test_the_fence_holds_only_while_the_run_owns_its_claim(
 ) -> None:
     fence = claimed(ledger)
     if what_happens == "reclaimed":
-        assert ledger.reclaim_expired(now=AFTER_THE_LEASE)
+        assert reclaim_expired(ledger, now=AFTER_THE_LEASE)
     elif what_happens == "succeeded":
         assert ledger.succeed(fence.entry_id, OWNER, now=CLAIMED_AT)
     elif what_happens == "failed_and_reclaimed_by_a_retry":
@@ -148,7 +148,7 @@ def test_an_effect_after_the_reclaim_is_rolled_back_and_traced_on_the_entry(
     fence = claimed(ledger)
     guard = LedgerGuard(ledger, fence)
     assert guard.shares_database_with(source) is (source.url == ledger._get_engine().url)
-    (reclaimed,) = ledger.reclaim_expired(now=AFTER_THE_LEASE)
+    (reclaimed,) = reclaim_expired(ledger, now=AFTER_THE_LEASE)
 
     with pytest.raises(FenceLost, match="failed \\(lease_reclaimed\\)") as lost:
         write_effect(source, guard, "cancel order 1")
@@ -187,7 +187,7 @@ def test_a_check_outside_any_transaction_refuses_an_external_delivery(ledger: Ru
     fence = claimed(ledger)
     guard = LedgerGuard(ledger, fence)
     verify_fence(guard, "deliver email")  # held: nothing happens
-    ledger.reclaim_expired(now=AFTER_THE_LEASE)
+    reclaim_expired(ledger, now=AFTER_THE_LEASE)
     with pytest.raises(FenceLost):
         verify_fence(guard, "deliver email")
     entry = ledger.get(fence.entry_id)
@@ -245,7 +245,7 @@ def test_in_the_shared_database_a_reclaim_waits_for_a_checked_effect_to_commit(
 
     def reclaim() -> None:
         checked.wait(timeout=30)
-        ledger.reclaim_expired(now=AFTER_THE_LEASE)
+        reclaim_expired(ledger, now=AFTER_THE_LEASE)
         order.append("reclaimed")
 
     reclaimer = threading.Thread(target=reclaim)

@@ -22,22 +22,22 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from contract import ENTRY_KEYS
 
+from orchestration.reclaim import reclaim_expired
 from resources.core.due import format_due
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import (
+from resources.core.entry import (
     MAX_ERROR_CHARS,
-    MIGRATIONS_DIR,
-    ClaimResult,
     Entry,
-    LedgerError,
-    RunLedger,
-    UnknownEntryError,
+    FailureKind,
+    Status,
+    Trigger,
     dedup_key_for_backfill,
     dedup_key_for_due,
     dedup_key_for_request,
     dedup_key_for_retry,
     origin_of,
 )
+from resources.ledger import ClaimResult, LedgerError, RunLedger, UnknownEntryError
+from resources.ledger.migrate import MIGRATIONS_DIR
 from resources.ledger.schema import ENTRIES_TABLE, VERSION_TABLE, entries, metadata
 
 # --- named instants --------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def op_redispatch(ledger: RunLedger, entry: Entry) -> Any:
 
 
 def op_reclaim(ledger: RunLedger, entry: Entry) -> Any:
-    return [e.id for e in ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE)] == [entry.id]
+    return [e.id for e in reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE)] == [entry.id]
 
 
 OPS: dict[str, Callable[[RunLedger, Entry], Any]] = {
@@ -453,8 +453,8 @@ def test_dispatch_failure_leaves_running_and_terminal_entries_alone(ledger: RunL
 
 def test_reclaim_fails_expired_leases_and_says_how_long_overdue(ledger: RunLedger) -> None:
     entry = start_running(ledger)
-    assert ledger.reclaim_expired(now=LEASE_END) == []  # expiry is not yet overdue
-    [reclaimed] = ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE)
+    assert reclaim_expired(ledger, now=LEASE_END) == []  # expiry is not yet overdue
+    [reclaimed] = reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE)
     assert reclaimed.id == entry.id
     assert reclaimed.status == FAIL
     assert reclaimed.failure_kind == FailureKind.LEASE_RECLAIMED
@@ -466,12 +466,12 @@ def test_reclaim_fails_expired_leases_and_says_how_long_overdue(ledger: RunLedge
     )
     assert "--acknowledge-side-effects" in reclaimed.error
     assert reclaimed == fresh(ledger, entry)
-    assert ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE) == []
+    assert reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE) == []
 
 
 def test_reclaim_dry_run_changes_nothing(ledger: RunLedger) -> None:
     entry = start_running(ledger)
-    candidates = ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE, dry_run=True)
+    candidates = reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE, dry_run=True)
     assert [c.id for c in candidates] == [entry.id]
     assert fresh(ledger, entry) == entry
 
@@ -482,12 +482,12 @@ def test_heartbeat_keeps_the_lease_from_being_reclaimed(ledger: RunLedger) -> No
     after = fresh(ledger, entry)
     assert after.lease_expires_at == JUST_BEFORE_LEASE_END + TTL
     assert after.heartbeat_at == JUST_BEFORE_LEASE_END
-    assert ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE) == []
+    assert reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE) == []
 
 
 def test_late_completion_after_reclaim_is_rejected(ledger: RunLedger) -> None:
     entry = start_running(ledger)
-    [reclaimed] = ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE)
+    [reclaimed] = reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE)
     assert not ledger.heartbeat(entry.id, OWNER, lease_ttl=TTL, now=NEXT_DAY)
     assert not ledger.succeed(entry.id, OWNER, now=NEXT_DAY)
     after = fresh(ledger, entry)
@@ -504,8 +504,8 @@ def test_reclaim_respects_its_limit(ledger: RunLedger) -> None:
         entry = new_entry(ledger, due=DUE + timedelta(minutes=15 * k))
         ledger.claim(entry.id, f"run-{k}", lease_ttl=TTL, now=JUST_AFTER_DUE)
         made.append(entry.id)
-    assert len(ledger.reclaim_expired(now=NEXT_DAY, limit=2)) == 2
-    assert len(ledger.reclaim_expired(now=NEXT_DAY, limit=2)) == 1
+    assert len(reclaim_expired(ledger, now=NEXT_DAY, limit=2)) == 2
+    assert len(reclaim_expired(ledger, now=NEXT_DAY, limit=2)) == 1
 
 
 # --- Dagster ended a run it will not retry (outcome reconciliation) ---------------------------
@@ -552,7 +552,7 @@ def test_summary_counts_count_each_state_once(ledger: RunLedger) -> None:
     assert counts["queued"] == 1 and counts["retrying"] == 1
     assert counts["success_window"] == 1 and counts["failed_window"] == 1
     assert counts["dispatch_failed_window"] == 1
-    assert ledger.reclaim_expired(now=TWO_MINUTES_OVERDUE)[0].id == stale.id
+    assert reclaim_expired(ledger, now=TWO_MINUTES_OVERDUE)[0].id == stale.id
     later = ledger.summary_counts(now=TWO_MINUTES_OVERDUE)
     assert (later["stale"], later["lease_reclaimed_window"]) == (0, 1)
 

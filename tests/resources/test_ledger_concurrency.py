@@ -20,8 +20,10 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from resources.core.entry import Status, Trigger
-from resources.ledger import MIGRATIONS_DIR, RunLedger, dedup_key_for_due, dedup_key_for_request
+from orchestration.reclaim import reclaim_expired
+from resources.core.entry import Status, Trigger, dedup_key_for_due, dedup_key_for_request
+from resources.ledger import RunLedger
+from resources.ledger.migrate import MIGRATIONS_DIR
 from resources.ledger.schema import VERSION_TABLE, entries
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
@@ -99,7 +101,7 @@ def _lease_worker(
     if role == "beat":
         won = ledger.heartbeat(entry_id, "owner", lease_ttl=TTL, now=at)
     else:
-        won = [e.id for e in ledger.reclaim_expired(now=at)] == [entry_id]
+        won = [e.id for e in reclaim_expired(ledger, now=at)] == [entry_id]
     ledger.dispose()
     return role, won
 

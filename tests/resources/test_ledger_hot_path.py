@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from resources.core.entry import SUMMARY_KEYS, Status, Trigger
-from resources.ledger import Entry, RunLedger, dedup_key_for_due
+from resources.core.entry import SUMMARY_KEYS, Entry, Status, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 from resources.ledger.engine import HOT_PATH, prepare
 from resources.ledger.model import entry_from_row, from_db, to_db
 from resources.ledger.statements import statements_for

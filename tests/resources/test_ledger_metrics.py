@@ -9,10 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
+from orchestration.reclaim import reclaim_expired
 from orchestration.services.hooks import model as hooks_model
 from resources.core import metrics as m
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_request
+from resources.core.entry import (
+    FailureKind,
+    Status,
+    Trigger,
+    dedup_key_for_due,
+    dedup_key_for_request,
+)
+from resources.ledger import RunLedger
 from resources.ledger import schema as ledger_schema
 
 TASK, OTHER = "order_cleanup", "ticket_auto_close"
@@ -53,7 +60,7 @@ def build(ledger: RunLedger) -> dict[str, int]:
     # reclaimed: claimed, lease expired, reclaimed
     lost = scheduled(ledger, DUE + 2 * SLOT)
     ledger.claim(lost.id, "run-lost", lease_ttl=TTL, now=DUE + 2 * SLOT)
-    ledger.reclaim_expired(now=DUE + 2 * SLOT + 2 * TTL)
+    reclaim_expired(ledger, now=DUE + 2 * SLOT + 2 * TTL)
     ids["lost"] = lost.id
     # stale: running with an expired lease, not reclaimed yet
     stale = scheduled(ledger, DUE + 3 * SLOT)

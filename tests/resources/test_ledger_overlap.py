@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from orchestration.overlap import OverlapAction, claim_with_overlap
+from orchestration.pause import PAUSE_AFTER_FAILURES, PAUSE_CLI, open_pauses
 from resources.core.due import Due
-from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.core.fence import Fence
-from resources.core.overlap import OverlapAction
-from resources.ledger import Entry, RunLedger
-from resources.ledger.scheduling import PAUSE_AFTER_FAILURES, PAUSE_CLI
+from resources.ledger import RunLedger
 from resources.ledger.schema import pauses
 
 TASK = "order_cleanup"
@@ -39,7 +39,7 @@ def running(ledger: RunLedger, run_id: str = "run-a") -> Entry:
 def test_skip_ends_the_new_entry_skipped_naming_the_running_one(ledger: RunLedger) -> None:
     busy = running(ledger)
     fresh = due_entry(ledger, 1)
-    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="skip", lease_ttl=TTL)
+    found = claim_with_overlap(ledger, fresh.id, "run-b", policy="skip", lease_ttl=TTL)
     assert found.decision.action is OverlapAction.SKIP
     assert found.claim is None
     after = ledger.get(fresh.id)
@@ -55,23 +55,23 @@ def test_a_retrying_entry_is_still_in_progress(ledger: RunLedger) -> None:
     busy = running(ledger)
     ledger.fail(busy.id, "run-a", error="boom")  # retrying: a retry of it is coming
     fresh = due_entry(ledger, 1)
-    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="skip", lease_ttl=TTL)
+    found = claim_with_overlap(ledger, fresh.id, "run-b", policy="skip", lease_ttl=TTL)
     assert found.decision.action is OverlapAction.SKIP
 
 
 def test_buffer_one_keeps_one_waiter_and_skips_the_rest(ledger: RunLedger) -> None:
     busy = running(ledger)
     second, third = due_entry(ledger, 1), due_entry(ledger, 2)
-    waits = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    waits = claim_with_overlap(ledger, second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
     assert waits.decision.action is OverlapAction.WAIT
     # The waiter asks again: still waiting, still the waiter.
-    again = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    again = claim_with_overlap(ledger, second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
     assert again.decision.action is OverlapAction.WAIT
-    skipped = ledger.claim_with_overlap(third.id, "run-c", policy="buffer_one", lease_ttl=TTL)
+    skipped = claim_with_overlap(ledger, third.id, "run-c", policy="buffer_one", lease_ttl=TTL)
     assert skipped.decision.action is OverlapAction.SKIP
     assert skipped.entry.error == f"overlap: entry {second.id} already waiting"
     assert ledger.succeed(busy.id, "run-a")
-    claims = ledger.claim_with_overlap(second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
+    claims = claim_with_overlap(ledger, second.id, "run-b", policy="buffer_one", lease_ttl=TTL)
     assert claims.claim is not None and claims.claim.claimed
     assert claims.entry.status == Status.RUNNING
 
@@ -79,12 +79,17 @@ def test_buffer_one_keeps_one_waiter_and_skips_the_rest(ledger: RunLedger) -> No
 def test_a_dead_waiter_frees_the_buffer(ledger: RunLedger) -> None:
     running(ledger)
     second, third = due_entry(ledger, 1), due_entry(ledger, 2)
-    ledger.claim_with_overlap(
-        second.id, "run-b", policy="buffer_one", lease_ttl=TTL, wait_lease=timedelta(seconds=1)
+    claim_with_overlap(
+        ledger,
+        second.id,
+        "run-b",
+        policy="buffer_one",
+        lease_ttl=TTL,
+        wait_lease=timedelta(seconds=1),
     )
     later = datetime.now(UTC) + timedelta(seconds=5)
-    found = ledger.claim_with_overlap(
-        third.id, "run-c", policy="buffer_one", lease_ttl=TTL, now=later
+    found = claim_with_overlap(
+        ledger, third.id, "run-c", policy="buffer_one", lease_ttl=TTL, now=later
     )
     assert found.decision.action is OverlapAction.WAIT  # the first waiter stopped asking
 
@@ -92,7 +97,7 @@ def test_a_dead_waiter_frees_the_buffer(ledger: RunLedger) -> None:
 def test_replace_fails_the_running_entry_and_fences_its_run(ledger: RunLedger) -> None:
     busy = running(ledger)
     fresh = due_entry(ledger, 1)
-    found = ledger.claim_with_overlap(fresh.id, "run-b", policy="replace", lease_ttl=TTL)
+    found = claim_with_overlap(ledger, fresh.id, "run-b", policy="replace", lease_ttl=TTL)
     assert found.decision.action is OverlapAction.REPLACE
     assert found.claim is not None and found.claim.claimed
     (old,) = found.replaced
@@ -108,8 +113,8 @@ def test_replace_fails_the_running_entry_and_fences_its_run(ledger: RunLedger) -
 def test_waiting_its_turn_never_skips(ledger: RunLedger) -> None:
     running(ledger)
     fresh = due_entry(ledger, 1)
-    found = ledger.claim_with_overlap(
-        fresh.id, "run-b", policy="skip", lease_ttl=TTL, wait_turn=True
+    found = claim_with_overlap(
+        ledger, fresh.id, "run-b", policy="skip", lease_ttl=TTL, wait_turn=True
     )
     assert found.decision.action is OverlapAction.WAIT
     assert (ledger.get(fresh.id) or fresh).status == Status.QUEUED
@@ -120,7 +125,7 @@ def test_an_attempt_of_an_entry_that_ran_claims_without_asking(ledger: RunLedger
     again = due_entry(ledger, 1)
     assert ledger.claim(again.id, "run-a", lease_ttl=TTL).claimed
     ledger.fail(again.id, "run-a", error="boom")  # retrying, attempt 1 used
-    retry = ledger.claim_with_overlap(again.id, "run-a2", policy="skip", lease_ttl=TTL)
+    retry = claim_with_overlap(ledger, again.id, "run-a2", policy="skip", lease_ttl=TTL)
     assert retry.claim is not None and retry.claim.claimed, other
 
 
@@ -132,7 +137,7 @@ def test_two_runs_starting_at_once_decide_one_after_the_other(ledger: RunLedger)
 
     def claim(entry: Entry, run_id: str) -> None:
         barrier.wait()
-        found = ledger.claim_with_overlap(entry.id, run_id, policy="skip", lease_ttl=TTL)
+        found = claim_with_overlap(ledger, entry.id, run_id, policy="skip", lease_ttl=TTL)
         outcomes[entry.id] = found.decision.action
 
     threads = [
@@ -190,7 +195,7 @@ def test_one_open_pause_per_task_and_source(ledger: RunLedger) -> None:
         )
     closed = ledger.resume_task(TASK, by="alice", reason="done", sources=(PAUSE_CLI,))
     assert [p.id for p in closed] == [first.id] and closed[0].end is not None
-    assert [p.source for p in ledger.open_pauses(TASK)] == [PAUSE_AFTER_FAILURES]
+    assert [p.source for p in open_pauses(ledger, TASK)] == [PAUSE_AFTER_FAILURES]
     assert ledger.pause_task(TASK, by="bob", reason="next", source=PAUSE_CLI) is not None
 
 

@@ -29,16 +29,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.core import rules
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import (
+from orchestration.reclaim import reclaim_expired
+from resources.core.entry import (
     MAX_DISPATCH_FAILURES,
     MAX_LATE_JOB_REJECTIONS,
     RUN_FAILURE_KINDS,
     Entry,
-    RunLedger,
+    FailureKind,
+    Status,
+    Trigger,
     dedup_key_for_request,
 )
+from resources.ledger import RunLedger, rules
 
 START = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 TTL = timedelta(minutes=5)
@@ -168,7 +170,7 @@ def perform(ledger: RunLedger, entry: Entry, op: tuple[Any, ...], now: datetime)
         ledger.reject(entry.id, op[1], reason="duplicate launch", now=now)
         return None
     if name in ("reclaim", "reclaim_dry_run"):
-        found = ledger.reclaim_expired(now=now, dry_run=name == "reclaim_dry_run")
+        found = reclaim_expired(ledger, now=now, dry_run=name == "reclaim_dry_run")
         return entry.id in {e.id for e in found}
     if name == "dispatch_failure":
         after = ledger.record_dispatch_failure(entry.id, error="launcher down", now=now)

@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from resources.core.entry import FailureKind, Status, Trigger
+from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_due
 from resources.effects import effect_transaction
-from resources.ledger import LedgerError, RunLedger, dedup_key_for_due
+from resources.ledger import LedgerError, RunLedger
 from resources.ledger.fence import LedgerGuard
 from resources.ledger.migrate import migration_head
 

@@ -35,6 +35,7 @@ from click.testing import CliRunner
 from pg_server import PgServer
 
 from orchestration.cli import main as dueledger
+from orchestration.reclaim import reclaim_expired
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.migrate import migration_head
@@ -179,7 +180,7 @@ def test_an_upgrade_keeps_every_row_and_every_runs_show_shape(
     assert {"children", "audit", "attempts", "claim_generation"} <= set(shape)
 
     # Today's code carries on from the old rows.
-    reclaimed = ledger.reclaim_expired(now=AFTER)
+    reclaimed = reclaim_expired(ledger, now=AFTER)
     assert [(e.status, e.failure_kind) for e in reclaimed] == [
         (Status.FAILED, FailureKind.LEASE_RECLAIMED)
     ]

@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestration.task_run import entry_request_from_tags
+from orchestration.catch_up import LAUNCH, LEAVE, RELAUNCH, RETRY, catch_up_step
+from orchestration.deadline import deadline_miss
+from orchestration.manual_launch import entry_request_from_tags
+from orchestration.overlap import OverlapAction, decide_overlap
+from orchestration.pause import failure_pause_reason, failure_streak
 from resources.core import tags as t
-from resources.core.catchup import LAUNCH, LEAVE, RELAUNCH, RETRY, catch_up_step
-from resources.core.deadlines import deadline_miss
 from resources.core.due import Due
 from resources.core.entry import Entry, Status, Trigger
-from resources.core.overlap import OverlapAction, decide_overlap
-from resources.core.pausing import failure_pause_reason, failure_streak
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 DEADLINE = timedelta(minutes=20)

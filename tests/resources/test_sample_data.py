@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from assets.orders import OrderCleanupPolicy, candidate_orders_query, select_orders_to_cancel
-from assets.services import LifecyclePolicy, candidate_services_query, plan_lifecycle
+from assets.orders.cleanup import (
+    OrderCleanupPolicy,
+    candidate_orders_query,
+    select_orders_to_cancel,
+)
+from assets.services.lifecycle import LifecyclePolicy, candidate_services_query, plan_lifecycle
 from resources.sample_data import build_sample_frames, generate_sample_data
 from resources.source_schema import CHANNELS, SOURCE_TABLES, automation_log, orders, read_frame_from
 from resources.source_store import SourceStore, make_engine

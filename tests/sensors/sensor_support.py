@@ -15,7 +15,8 @@ import dagster as dg
 from dagster_internals import CodeTarget
 
 from resources.core import tags as t
-from resources.ledger import Entry, RunLedger
+from resources.core.entry import Entry
+from resources.ledger import RunLedger
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 PROJECT_ROOT = TESTS_DIR.parent

@@ -18,14 +18,14 @@ import pytest
 from dagster_internals import daemon_instance, daemon_workspace, run_scheduler_tick, run_sensor_tick
 from sensor_support import fixture_module, target, task_runs
 
-from orchestration.services.audit import audit_task, expected_dues
+from orchestration.missed_dues import audit_task, expected_dues
 from orchestration.services.summary import ledger_summary
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import Cron, EverySlots, NthSlotOfDay
 from resources.core import tags as t
 from resources.core.due import format_due
-from resources.core.entry import Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 pytestmark = pytest.mark.daemon
 

@@ -14,8 +14,8 @@ from sensor_support import LedgerEnv, fixture_module, target, utc_now
 from orchestration.checks import build_task_checks
 from orchestration.services import accounting as acc
 from resources.core.due import Due, floor_to_slot
-from resources.core.entry import Trigger
-from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
+from resources.core.entry import Trigger, dedup_key_for_due, dedup_key_for_retry
+from resources.ledger import RunLedger
 
 SLOT = timedelta(minutes=15)
 NOW = datetime(2026, 11, 30, 23, 5, tzinfo=UTC)  # the latest finished slot's due: 22:45
@@ -142,8 +142,9 @@ def test_executing_one_tasks_check_evaluates_that_check_alone(ledger: RunLedger)
 
 def test_every_task_asset_of_the_code_location_has_the_check() -> None:
     # Imported here: the code location's module is loaded only by this test of the file.
-    from orchestration.definitions import defs
     from orchestration.tasks import TASKS
+
+    from orchestration.definitions import defs
 
     for spec in TASKS:
         key = dg.AssetCheckKey(dg.AssetKey(spec.asset), acc.CHECK_NAME)

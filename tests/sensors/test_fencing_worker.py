@@ -40,10 +40,10 @@ from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now
 from orchestration.cli import main
 from resources.core import tags as t
 from resources.core.due import floor_to_slot
-from resources.core.entry import FailureKind, Status
+from resources.core.entry import Entry, FailureKind, Status
 from resources.core.settings import ENV_DATABASE_URL
 from resources.idempotency import create_domain_schema, notification_outbox, side_effects
-from resources.ledger import Entry, RunLedger
+from resources.ledger import RunLedger
 from resources.source_schema import customers, orders
 from resources.source_store import create_schema, make_engine
 

@@ -14,11 +14,18 @@ import dagster as dg
 import pytest
 from sensor_support import fixture_module
 
+from orchestration.reclaim import reclaim_expired
 from orchestration.services.summary import ledger_summary, summary_markdown
 from orchestration.task_spec import Cron, EverySlots, TaskSpec, build_views
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due, dedup_key_for_retry
+from resources.core.entry import (
+    FailureKind,
+    Status,
+    Trigger,
+    dedup_key_for_due,
+    dedup_key_for_retry,
+)
+from resources.ledger import RunLedger
 from sensors.health import build_slot_health_sensor
 
 NOW = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
@@ -51,7 +58,7 @@ def build_ledger(ledger: RunLedger) -> None:
     last ran 30 hours ago."""
     reclaimed = _due_entry(ledger, at(22, 30))
     ledger.claim(reclaimed.id, "run-reclaimed", lease_ttl=TTL, now=at(22, 30))
-    assert len(ledger.reclaim_expired(now=at(22, 40))) == 1  # failed, lease_reclaimed
+    assert len(reclaim_expired(ledger, now=at(22, 40))) == 1  # failed, lease_reclaimed
 
     ok = _due_entry(ledger, at(20, 0))
     ledger.claim(ok.id, "run-ok", lease_ttl=TTL, now=at(20, 0))
@@ -165,7 +172,7 @@ def test_an_empty_ledger_is_all_zero_and_audits_nothing(ledger):
 def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str):
     from hook_support import build
 
-    from assets.ledger_health import ledger_health
+    from assets.ledger_health.tasks import ledger_health
 
     due = "2026-11-30T23:00:00Z"
     result = dg.materialize(
@@ -239,7 +246,7 @@ def test_slot_health_is_silent_when_healthy(ledger, alerts):
 def test_slot_health_warns_once_per_slot_listing_what_went_wrong(ledger, alerts):
     entry = _due_entry(ledger, at(22, 0))
     ledger.claim(entry.id, "run-dead", lease_ttl=TTL, now=at(22, 0))
-    ledger.reclaim_expired(now=at(22, 20))
+    reclaim_expired(ledger, now=at(22, 20))
     ok = _due_entry(ledger, at(22, 15))
     ledger.record_dispatch_failure(
         ok.id, error="launcher down\ntrace", run_id="run-y", now=at(22, 16)

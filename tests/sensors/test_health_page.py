@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sensor_support import fixture_module
 
+from orchestration.reclaim import reclaim_expired
 from orchestration.services import accounting as acc
 from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
 from resources.core import tags as t
-from resources.core.entry import Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_reclaimed_lease_needs_the_side_effects_acknowledged(ledger):
     stale = acc.account_latest_due(views()[0], ledger, later)
     assert stale.state == acc.STATE_STALE_LEASE
     assert "next: `dueledger reclaim` (fails it, lease_reclaimed)" in stale.detail
-    ledger.reclaim_expired(now=later)
+    reclaim_expired(ledger, now=later)
     account = acc.account_latest_due(views()[0], ledger, later)
     assert account.state == acc.STATE_FAILED
     assert (

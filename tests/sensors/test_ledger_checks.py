@@ -17,18 +17,18 @@ from dagster_graphql.cli import execute_query
 from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, fixture_module, target, utc_now
 
+from orchestration.reclaim import reclaim_leases
 from orchestration.services import ledger_checks as lc
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER
 from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.outcomes import reconcile_events, settle_abandoned_retries
-from orchestration.services.reclaim import reclaim_leases
-from orchestration.services.runtime import task_run
+from orchestration.task_run import task_run
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.due import floor_to_slot, format_due
-from resources.core.entry import Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import Status, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 SLOT = timedelta(minutes=15)
 TTL = timedelta(minutes=5)
@@ -251,7 +251,7 @@ def test_a_ledger_trace_is_a_recorded_run_or_a_retry_carrying_the_entry():
 
 
 def _entry(**changes: Any):
-    from resources.ledger import Entry
+    from resources.core.entry import Entry
 
     now = datetime(2026, 11, 30, tzinfo=UTC)
     base: dict[str, Any] = {

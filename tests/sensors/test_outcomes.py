@@ -31,6 +31,7 @@ from dagster_internals import (
 )
 from sensor_support import LedgerEnv, target, task_runs, wait_for
 
+from orchestration.declarations import task_views
 from orchestration.retry import is_retry_of_a_dispatch_failure
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
 from orchestration.services.outcomes import (
@@ -38,7 +39,6 @@ from orchestration.services.outcomes import (
     reconcile_run,
     settle_abandoned_retries,
 )
-from orchestration.services.views import task_views
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
@@ -71,7 +71,7 @@ MONITORING_ON = {
 
 
 def make_entry(**changes: Any) -> Any:
-    from resources.ledger import Entry
+    from resources.core.entry import Entry
 
     base: dict[str, Any] = {
         "id": 1,
@@ -613,7 +613,7 @@ def test_dagster_retry_of_a_run_that_ended_before_claiming_does_the_due_once(
 
 
 def _claimed(ledger: RunLedger, run_id: str, *, attempts: int = 3):
-    from resources.ledger import dedup_key_for_due
+    from resources.core.entry import dedup_key_for_due
 
     entry = ledger.ensure_entry(
         task_key="strict_task",

@@ -16,14 +16,14 @@ from alert_sinks import WebhookSink, start
 from dagster_internals import instigator_ticks, run_sensor_tick, stop_schedules
 from policy_support import POLICY_DEFS, World, policy_world, soon
 
+from orchestration.deadline import ACTION_DEADLINE_MISSED
+from orchestration.pause import open_pauses, pause_task, resume_task
 from orchestration.services.accounting import account_latest_due
-from orchestration.services.pausing import pause_task, resume_task
 from orchestration.services.summary import ledger_summary
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import alerting as a
 from resources.core import tags as t
-from resources.core.deadlines import ACTION_DEADLINE_MISSED
 from resources.core.due import Due
 from resources.core.entry import Status, Trigger
 from resources.ledger import RunLedger
@@ -119,7 +119,7 @@ def test_a_schedule_stopped_in_the_ui_is_a_pause_by_dagster_ui(world: World) -> 
     run_sensor_tick(world.ctx, world.at(0) - timedelta(seconds=30))  # schedule seen running
     stop_schedules(world.instance, _target())
     run_sensor_tick(world.ctx, world.at(0) + timedelta(minutes=1))  # seen stopped: a pause
-    (pause,) = ledger.open_pauses(key)
+    (pause,) = open_pauses(ledger, key)
     assert (pause.by, pause.source) == ("dagster-ui", "schedule_stopped")
     assert world.tick(1) == []  # a stopped schedule ticks nothing at all
     run_sensor_tick(world.ctx, world.at(1) + timedelta(minutes=1))
@@ -140,11 +140,11 @@ def test_pause_after_failures_pauses_once_with_one_alert(
         failed.append(ledger.find(key, Due(world.at(slot)).key))
     assert [e.status for e in failed if e] == [Status.FAILED, Status.FAILED]
     run_sensor_tick(world.ctx, world.at(1) + timedelta(minutes=1))
-    (pause,) = ledger.open_pauses(key)
+    (pause,) = open_pauses(ledger, key)
     assert pause.by == "dueledger" and pause.source == "pause_after_failures"
     assert all(f"{e.id} (" in pause.reason for e in failed if e)
     run_sensor_tick(world.ctx, world.at(1) + timedelta(minutes=1) + SENSOR_GAP)
-    assert len(ledger.open_pauses(key)) == 1
+    assert len(open_pauses(ledger, key)) == 1
     (alert,) = _alerts(webhook, a.KIND_TASK_PAUSED)
     assert alert["subject"] == f"pause:{pause.id}"
     fields = alert["fields"]

@@ -31,11 +31,11 @@ from dagster_internals import (
 from sensor_support import LedgerEnv, fixture_module, target, task_runs, utc_now, wait_for
 
 from orchestration.cli import main
-from orchestration.services.reclaim import ALERT_KIND, reclaim_leases
+from orchestration.reclaim import ALERT_KIND, reclaim_leases
 from resources.core import tags as t
 from resources.core.due import floor_to_slot
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 TTL = timedelta(seconds=2)  # sleepy_task's lease (tests/fixtures/ledger_defs.py)
 SENSOR_INTERVAL = timedelta(seconds=31)  # past the sensors' minimum interval

@@ -22,6 +22,8 @@ from dagster_internals import (
 )
 from sensor_support import LEDGER_DEFS
 
+from orchestration.missed_dues import audit_tasks
+from orchestration.pause import observe_schedule, schedule_states, sync_schedules, task_pauses
 from orchestration.services.accounting import (
     STATE_MISSED,
     STATE_NEW,
@@ -29,15 +31,13 @@ from orchestration.services.accounting import (
     STATE_SUCCESS,
     account_latest_due,
 )
-from orchestration.services.audit import audit_tasks
-from orchestration.services.scheduling import sync_schedules
 from orchestration.services.summary import ledger_summary
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core.due import format_due
-from resources.core.entry import Trigger
+from resources.core.entry import Trigger, dedup_key_for_due
 from resources.core.operators import UI_OPERATOR
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.ledger import RunLedger
 
 SLOT = timedelta(minutes=15)
 SPEC = TaskSpec(
@@ -85,8 +85,8 @@ class Case:
 def fresh_start(ledger: RunLedger) -> Case:
     # The deployment's scheduler first ran the task's schedule at 14:53, and someone
     # launched the task by hand at 14:55 (its first activity is in the 14:45 slot).
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(14, 53), now=at(14, 53)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(14, 53), now=at(14, 53)
     )
     manual = ledger.ensure_entry(
         task_key=SPEC.key, trigger=Trigger.MANUAL, dedup_key="manual:first", now=at(14, 55)
@@ -97,8 +97,8 @@ def fresh_start(ledger: RunLedger) -> Case:
 
 def downtime(ledger: RunLedger) -> Case:
     # Running since 10:00; the daemon was down from 12:00 until after 12:45.
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
     )
     for due in dues(at(10, 0), at(12, 0)):
         ran(ledger, due)
@@ -107,24 +107,24 @@ def downtime(ledger: RunLedger) -> Case:
 
 def pause(ledger: RunLedger) -> Case:
     # Stopped in the Dagster UI at 11:50 (seen then), started again at 12:50.
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
     )
     for due in dues(at(10, 0), at(12, 0)):
         ran(ledger, due)
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=False, started_at=None, now=at(11, 50)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=False, started_at=None, now=at(11, 50)
     )
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 50), now=at(12, 51)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 50), now=at(12, 51)
     )
     return Case(at(13, 7), [], dues(at(12, 0), at(13, 0)), STATE_PAUSED, True)
 
 
 def catch_up(ledger: RunLedger) -> Case:
     # The daemon was down from 12:00; the catch-up sensor launched each missed due since.
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(10, 0)
     )
     for due in dues(at(10, 0), at(12, 0)):
         ran(ledger, due)
@@ -158,17 +158,17 @@ def test_a_task_nothing_ran_yet_is_not_audited(ledger) -> None:
 
 
 def test_a_restart_between_two_observations_is_recorded_as_a_pause(ledger) -> None:
-    ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(11, 55)
+    observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(10, 0), now=at(11, 55)
     )
     # Next seen at 13:00, running since 12:40: stopped and started again in between.
-    changes = ledger.observe_schedule(
-        SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 40), now=at(13, 0)
+    changes = observe_schedule(
+        ledger, SPEC.key, SPEC.schedule_name, running=True, started_at=at(12, 40), now=at(13, 0)
     )
     assert changes == [f"schedule {SPEC.schedule_name} restarted: the gap is a pause"]
-    (gap,) = ledger.pauses(SPEC.key)
+    (gap,) = task_pauses(ledger, SPEC.key)
     assert (gap.start, gap.end, gap.by) == (at(11, 55), at(12, 40), UI_OPERATOR)
-    assert ledger.schedule_states()[SPEC.key].first_started_at == at(10, 0)
+    assert schedule_states(ledger)[SPEC.key].first_started_at == at(10, 0)
 
 
 # --- Dagster's schedule state, mirrored by the outcome sensor's service ----------------------
@@ -188,7 +188,7 @@ def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
         assert sync_schedules(instance, ledger, views, first + timedelta(minutes=1)) == [
             "strict_task: schedule strict_task_schedule first seen running"
         ]
-        state = ledger.schedule_states()["strict_task"]
+        state = schedule_states(ledger)["strict_task"]
         assert (state.status, state.first_started_at) == ("running", first)
         assert sync_schedules(instance, ledger, views, first + timedelta(minutes=2)) == []
 
@@ -198,7 +198,7 @@ def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
         assert sync_schedules(instance, ledger, views, stopped_at) == [
             "strict_task: schedule strict_task_schedule stopped: paused"
         ]
-        (opened,) = ledger.pauses("strict_task")
+        (opened,) = task_pauses(ledger, "strict_task")
         assert (opened.by, opened.end) == (UI_OPERATOR, None)
         assert "strict_task_schedule stopped in Dagster" in opened.reason
 
@@ -207,9 +207,9 @@ def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
         assert sync_schedules(instance, ledger, views, stopped_at + timedelta(minutes=1)) == [
             "strict_task: schedule strict_task_schedule running again: resumed"
         ]
-        (closed,) = ledger.pauses("strict_task")
+        (closed,) = task_pauses(ledger, "strict_task")
         assert closed.end == stopped_at + timedelta(minutes=1)
-        assert ledger.schedule_states()["strict_task"].first_started_at == first
+        assert schedule_states(ledger)["strict_task"].first_started_at == first
 
 
 def _strict() -> TaskSpec:
@@ -221,4 +221,4 @@ def _strict() -> TaskSpec:
 def test_sync_ignores_schedules_the_scheduler_has_not_recorded(ledger: RunLedger) -> None:
     with dg.instance_for_test() as instance:
         assert sync_schedules(instance, ledger, [VIEW], at(13, 0)) == []
-    assert ledger.schedule_states() == {}
+    assert schedule_states(ledger) == {}

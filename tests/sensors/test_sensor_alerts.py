@@ -27,11 +27,12 @@ from dagster_internals import (
 )
 from sensor_support import fixture_module, target, utc_now
 
+from orchestration.reclaim import reclaim_expired
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER
 from resources.core import alerting as a
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Trigger
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import FailureKind, Trigger, dedup_key_for_due
+from resources.ledger import RunLedger
 from sensors.health import build_slot_health_sensor
 from sensors.outcomes import build_outcome_sensor
 
@@ -144,7 +145,7 @@ def test_a_slot_health_report_repeated_for_its_slot_is_delivered_once(
         now=due,
     )
     ledger.claim(entry.id, "run-dead", lease_ttl=timedelta(minutes=5), now=due)
-    ledger.reclaim_expired(now=due + timedelta(minutes=20))
+    reclaim_expired(ledger, now=due + timedelta(minutes=20))
     now = due + timedelta(minutes=31)
     sensor = build_slot_health_sensor(views, clock=lambda: now)
     for _ in range(2):  # the cursor was lost: the same slot is evaluated again

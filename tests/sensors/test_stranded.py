@@ -14,10 +14,16 @@ from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, target, utc_now
 
 from orchestration.cli import main
+from orchestration.reclaim import STRANDED_AFTER
 from orchestration.services.launch import manual_run_id
-from orchestration.services.stranded import STRANDED_AFTER
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import Entry, dedup_key_for_request, dedup_key_for_retry
+from resources.core.entry import (
+    Entry,
+    FailureKind,
+    Status,
+    Trigger,
+    dedup_key_for_request,
+    dedup_key_for_retry,
+)
 
 TASK = "sleepy_task"  # the task of tests/fixtures/ledger_defs.py's lease_defs
 

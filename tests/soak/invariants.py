@@ -34,8 +34,7 @@ from datetime import UTC, datetime
 
 from orchestration.retry import is_retry_of_a_dispatch_failure
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Status
-from resources.ledger import Entry, dedup_key_for_due
+from resources.core.entry import Entry, FailureKind, Status, dedup_key_for_due
 from resources.source_schema import naive_utc
 
 SMS = "sms"

@@ -32,9 +32,9 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestration.factory import build_task_definitions
 from orchestration.services.hooks import Hooks
-from orchestration.services.runtime import task_run
+from orchestration.task_defs import task_jobs_and_schedules
+from orchestration.task_run import task_run
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core.settings import ENV_SOURCE_URL
@@ -189,7 +189,7 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
     return _task
 
 
-_jobs, _schedules = build_task_definitions(VIEWS, hooks=HOOKS)
+_jobs, _schedules = task_jobs_and_schedules(VIEWS, hooks=HOOKS)
 
 defs = dg.Definitions(
     assets=[_asset(spec) for spec in SPECS],

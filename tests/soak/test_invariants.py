@@ -18,8 +18,14 @@ from invariants import (
 )
 
 from resources.core import tags as t
-from resources.core.entry import FailureKind, Status, Trigger
-from resources.ledger import SUMMARY_DISPATCH_FAILURES, Entry, dedup_key_for_due
+from resources.core.entry import (
+    SUMMARY_DISPATCH_FAILURES,
+    Entry,
+    FailureKind,
+    Status,
+    Trigger,
+    dedup_key_for_due,
+)
 
 DUE = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 POINT = DUE.replace(tzinfo=None)

@@ -55,14 +55,14 @@ from soak_defs import (
     soak_workers,
 )
 
+from orchestration.reclaim import ALERT_KIND
 from orchestration.services.dagster_runs import RetryState, dagster_retry_state
-from orchestration.services.reclaim import ALERT_KIND
 from orchestration.services.summary import all_entries
 from resources.core import tags as t
-from resources.core.entry import Status
+from resources.core.entry import Entry, Status
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL
 from resources.idempotency import notification_outbox, side_effects
-from resources.ledger import Entry, RunLedger
+from resources.ledger import RunLedger
 from resources.source_store import create_schema, make_engine
 
 pytestmark = [
