@@ -153,11 +153,10 @@ def instance_config(storage: dict[str, Any] | None) -> dict[str, Any]:
 def dueledger_workload(label: str, root: Path, tasks: Sequence[str] = ()) -> Workload:
     # Imported here: the project's task registry and tags, read from this checkout only
     # to name the jobs (the measured processes import the checkout given by ``root``).
-    from orchestration.tasks import TASKS
-
+    from orchestration.declarations import registered_tasks
     from orchestration.manual_launch import manual_tags
 
-    specs = [s for s in TASKS if s.manual_trigger and (not tasks or s.key in tasks)]
+    specs = [s for s in registered_tasks() if s.manual_trigger and (not tasks or s.key in tasks)]
     jobs: list[tuple[str, dict[str, str]]] = [(s.job_name, {}) for s in specs]
 
     def tags(n: int) -> dict[str, str]:
@@ -389,9 +388,9 @@ def rows(
 
 def parse_tasks(text: str) -> list[str]:
     """``--tasks``: manually launchable task keys (the runs are manual launches)."""
-    from orchestration.tasks import TASKS  # this checkout's registry, as the workload's
+    from orchestration.declarations import registered_tasks  # this checkout's tasks
 
-    manual = [s.key for s in TASKS if s.manual_trigger]
+    manual = [s.key for s in registered_tasks() if s.manual_trigger]
     wanted = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in manual]
     if unknown or not wanted:

@@ -195,8 +195,8 @@ def cold_commands(db: Path, env: dict[str, str], rounds: int) -> list[Row]:
 def health_materialization(url: str, entries: int, rounds: int, now: datetime) -> list[Row]:
     """ledger_health materialized in process vs a one-asset materialization, alternating."""
     import dagster as dg
+    from hook_support import build
 
-    from assets.ledger_health.tasks import ledger_health
     from orchestration.services.hooks import HookRegistry, Hooks
     from resources.core import tags as t
     from resources.core.due import floor_to_slot, format_due
@@ -206,7 +206,7 @@ def health_materialization(url: str, entries: int, rounds: int, now: datetime) -
     def one_asset() -> None:
         return None
 
-    asset = ledger_health.build(Hooks.of(HookRegistry()))
+    asset = build("ledger_health", Hooks.of(HookRegistry()))
     ledger = RunLedger(database_url=url)
     health, plain = [], []
     slot = timedelta(minutes=15)

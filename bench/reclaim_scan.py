@@ -12,12 +12,12 @@ What it does, in one run, per backend (SQLite file, throwaway PostgreSQL):
    turned into ``running`` entries whose lease expired up to an hour before "now". "Now" is a
    fixed instant just after the newest generated entry.
 2. Per repeat, with the expired entries reset to ``running`` first (untimed):
-   - **scan**: ``RunLedger.reclaim_expired(now=..., dry_run=True)`` -- the listing behind
+   - **scan**: ``reclaim_expired(ledger, now=..., dry_run=True)`` -- the listing behind
      ``dueledger reclaim --dry-run`` and the first step of ``lease_reclaim_sensor`` -- against
      the **baseline**: a plain SELECT of the same rows on the same index
      (``status = 'running' AND lease_expires_at < now ORDER BY lease_expires_at, id``),
      through SQLAlchemy Core, fetched as tuples. Target: scan <= 50 ms.
-   - **reclaim**: ``RunLedger.reclaim_expired(now=...)`` (the scan plus one compare-and-set
+   - **reclaim**: ``reclaim_expired(ledger, now=...)`` (the scan plus one compare-and-set
      UPDATE per entry, as ``dueledger reclaim`` and the sensor run it) against one set-based
      UPDATE of the same rows (informational: what the per-entry guarantee costs).
    After each reclaim it checks that exactly the expired entries were reclaimed

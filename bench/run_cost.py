@@ -53,7 +53,7 @@ from _paths import BENCH_DIR, ROOT  # first: puts the project and tests/ on sys.
 
 from run import KIND_CHECK, Row, write_json
 
-from orchestration.tasks import TASKS
+from orchestration.declarations import registered_tasks
 
 AREA = "run cost"
 LOAD_TARGET, RUN_TARGET = 1.30, 1.15
@@ -61,7 +61,7 @@ LOAD_TARGET, RUN_TARGET = 1.30, 1.15
 DEFAULT_TASKS = ("tick_every_slot", "order_cleanup")
 BIN = Path(sys.executable).parent
 BARE_MODULE, BARE_JOB = "bare_location", "bare_job"
-TASK_JOBS = {spec.key: spec.job_name for spec in TASKS}
+TASK_JOBS = {spec.key: spec.job_name for spec in registered_tasks()}
 #: What a code server or run worker has done before it loads a code location.
 OPEN_INSTANCE = "import dagster as dg; dg.DagsterInstance.get().get_runs(limit=1)"
 
@@ -148,7 +148,7 @@ def job_tags(task_key: str) -> str | None:
     """A daily-partitioned task's run names its partition (today, UTC). A task that is not
     manually triggerable runs only as its schedule launches it (issue 23): such a run gets
     the tags its schedule gives, each with a due of its own (an older one each time)."""
-    spec = next(s for s in TASKS if s.key == task_key)
+    spec = next(s for s in registered_tasks() if s.key == task_key)
     tags: dict[str, str] = {}
     if spec.partitions is not None:
         tags["dagster/partition"] = datetime.now(UTC).strftime("%Y-%m-%d")
@@ -208,7 +208,7 @@ def ratio_rows(
 
 
 def parse_tasks(text: str) -> list[str]:
-    keys = [s.key for s in TASKS]
+    keys = [s.key for s in registered_tasks()]
     if text.strip() == "all":
         return keys
     wanted = [t.strip() for t in text.split(",") if t.strip()]
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows += ratio_rows(
         "loading the code location (`python -c 'import orchestration.definitions'`)",
-        f"{len(TASKS)} tasks",
+        f"{len(registered_tasks())} tasks",
         "one-asset Dagster location",
         LOAD_TARGET,
         led,
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += ratio_rows(
         "loading the code location into a Dagster process (after `DagsterInstance.get()`, as "
         "a code server or run worker has it)",
-        f"{len(TASKS)} tasks",
+        f"{len(registered_tasks())} tasks",
         "one-asset Dagster location, same process",
         LOAD_TARGET,
         led,
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = 0
     if not args.no_runs:
         for i, key in enumerate(args.tasks):
-            spec = next(s for s in TASKS if s.key == key)
+            spec = next(s for s in registered_tasks() if s.key == key)
             led, base = paired(
                 args.repeat,
                 i,

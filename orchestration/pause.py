@@ -297,14 +297,14 @@ def _close(conn: Connection, pause_id: int, at: datetime, by: str, reason: str) 
     return done.rowcount == 1
 
 
-def _open_pause(
+def open_pause(
     ledger: Ledger,
     task_key: str,
     *,
     by: str,
     reason: str,
     source: str,
-    audit: dict[str, object],
+    audit: dict[str, object] | None = None,
     entry_id: int | None = None,
     now: datetime | None = None,
 ) -> Pause | None:
@@ -322,7 +322,12 @@ def _open_pause(
                 action=ACTION_TASK_PAUSED,
                 entry_id=entry_id,
                 reason=reason,
-                checks={"task_key": task_key, "pause_id": pause_id, "source": source, **audit},
+                checks={
+                    "task_key": task_key,
+                    "pause_id": pause_id,
+                    "source": source,
+                    **(audit or {}),
+                },
                 outcome=f"paused: {task_key} paused by {by}",
                 now=at,
                 connection=conn,
@@ -345,7 +350,7 @@ def pause_task(
     transaction; Refused (nothing changed) when it is already paused so."""
     spec = require_task(specs, task_key)
     reason = _checked(reason, "why the task is paused")
-    pause = _open_pause(
+    pause = open_pause(
         ledger, spec.key, by=operator, reason=reason, source=PAUSE_CLI, audit={}, now=now
     )
     if pause is None:
@@ -358,6 +363,41 @@ def pause_task(
     return pause
 
 
+def close_pauses(
+    ledger: Ledger,
+    task_key: str,
+    *,
+    by: str,
+    reason: str,
+    sources: Sequence[str],
+    now: datetime | None = None,
+) -> tuple[list[Pause], list[Pause]]:
+    """Close ``task_key``'s open pauses from ``sources`` and write the audit record, in one
+    transaction; returns the pauses it closed and those still open. A pause another process
+    closed first is not counted (one resume, one audit)."""
+    at = ledger.clock(now)
+    with ledger.transaction() as conn:
+        open_now = _open(conn, task_key)
+        closed = [
+            replace(p, end=at)
+            for p in open_now
+            if p.source in sources and p.id is not None and _close(conn, p.id, at, by, reason)
+        ]
+        if closed:
+            ledger.write_audit(
+                operator=by,
+                action=ACTION_TASK_RESUMED,
+                entry_id=None,
+                reason=reason,
+                checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
+                outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {by}",
+                now=at,
+                connection=conn,
+            )
+    closed_ids = {p.id for p in closed}
+    return closed, [p for p in open_now if p.id not in closed_ids]
+
+
 def resume_task(
     ledger: Ledger,
     specs: Sequence[TaskSpec],
@@ -367,36 +407,18 @@ def resume_task(
     reason: str,
     now: datetime | None = None,
 ) -> list[Pause]:
-    """`dueledger resume`: close ``task_key``'s ``cli`` and ``pause_after_failures`` pauses and
-    write the audit record, in one transaction; Refused (nothing changed) when there is none
-    to close -- naming a schedule stopped in the UI, if that is the pause."""
+    """`dueledger resume`: close ``task_key``'s ``cli`` and ``pause_after_failures`` pauses,
+    audited in the same transaction; Refused (nothing changed) when there is none to close --
+    naming a schedule stopped in the UI, if that is the pause."""
     reason = _checked(reason, "why the task is resumed")
-    at = ledger.clock(now)
-    with ledger.transaction() as conn:
-        open_now = _open(conn, task_key)
-        if not open_now:
-            require_task(specs, task_key)  # unknown and never paused: invalid input
-        closed = [
-            replace(p, end=at)
-            for p in open_now
-            if p.source in RESUMABLE
-            and p.id is not None
-            and _close(conn, p.id, at, operator, reason)
-        ]
-        if closed:
-            ledger.write_audit(
-                operator=operator,
-                action=ACTION_TASK_RESUMED,
-                entry_id=None,
-                reason=reason,
-                checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
-                outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {operator}",
-                now=at,
-                connection=conn,
-            )
+    closed, still_open = close_pauses(
+        ledger, task_key, by=operator, reason=reason, sources=RESUMABLE, now=now
+    )
     if closed:
         return closed
-    stopped = [p for p in open_now if p.source == PAUSE_SCHEDULE_STOPPED]
+    if not still_open:
+        require_task(specs, task_key)  # unknown and never paused: invalid input
+    stopped = [p for p in still_open if p.source == PAUSE_SCHEDULE_STOPPED]
     if stopped:
         raise Refused(
             f"task {task_key!r} is {stopped[0].words()}: start its schedule in the Dagster UI "
@@ -468,7 +490,7 @@ def pause_after_failures(
         if streak is None:
             continue
         reason = failure_pause_reason(streak)
-        pause = _open_pause(
+        pause = open_pause(
             ledger,
             key,
             by=PAUSED_BY_DUELEDGER,

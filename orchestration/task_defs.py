@@ -129,14 +129,13 @@ def task_asset(
     def compute(
         context: dg.AssetExecutionContext, ledger: RunLedger, **params: Any
     ) -> Iterator[Any]:
-        claimed = _claim(context, ledger, spec, registered(), hooks)
-        if claimed is None:
-            return  # the run's other process holds the claim and does the work
         if wants_ledger:
             params[_LEDGER] = ledger
         if wants_hooks:
             params[_HOOKS] = hooks
-        yield from _work(context, ledger, spec, hooks, claimed, body, params)
+        yield from run_task(
+            context, ledger, spec, body, hooks=hooks, tasks=registered(), params=params
+        )
 
     # Dagster reads resources and config off the signature: the body's, less what the
     # factory supplies, plus the ledger every task run claims against.
@@ -151,6 +150,25 @@ def task_asset(
         partitions_def=partitions,
         **asset_kwargs,
     )(compute)
+
+
+def run_task(
+    context: dg.AssetExecutionContext,
+    ledger: RunLedger,
+    spec: TaskSpec,
+    body: TaskBody,
+    *,
+    hooks: Hooks,
+    tasks: Sequence[TaskSpec],
+    params: Mapping[str, Any] | None = None,
+) -> Iterator[Any]:
+    """One run of task ``spec``: the claim path (``task_run``), then ``body(context, run,
+    **params)`` under the heartbeat, its outcome recorded, hooks fired around it; what a task
+    asset computes. ``tasks``: the tasks the code location registers now."""
+    claimed = _claim(context, ledger, spec, tasks, hooks)
+    if claimed is None:
+        return  # the run's other process holds the claim and does the work
+    yield from _work(context, ledger, spec, hooks, claimed, body, dict(params or {}))
 
 
 def _dagster_signature(body: TaskBody) -> inspect.Signature:
@@ -659,6 +677,7 @@ __all__ = [
     "TaskBody",
     "TaskRun",
     "gate_run_request",
+    "run_task",
     "schedule_run_request",
     "task_asset",
     "task_definitions",

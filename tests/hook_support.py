@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from orchestration.declarations import registered_tasks, task_registry
 from orchestration.services.hooks import (
     ENV_HOOKS_FILE,
     HookContext,
@@ -21,7 +22,7 @@ from orchestration.services.hooks import (
     Listener,
     deny,
 )
-from orchestration.task_defs import TaskAsset
+from orchestration.task_defs import task_asset
 
 
 def registry_of(*listeners: Listener) -> HookRegistry:
@@ -52,10 +53,18 @@ class SwappableHooks(Hooks):
         self._installed = HookRegistry()
 
 
-def build(task: TaskAsset) -> dg.AssetsDefinition:
-    """A task's asset as the code location builds it: with the environment's hooks
-    (entry points and ``DUELEDGER_HOOKS_FILE``, loaded on first use)."""
-    return task.build(Hooks.from_environment())
+def build(task_key: str, hooks: Hooks | None = None) -> dg.AssetsDefinition:
+    """A declared task's asset as the code location builds it: its declaration and body, with
+    ``hooks`` (default: the environment's -- entry points and ``DUELEDGER_HOOKS_FILE``, loaded
+    on first use)."""
+    (declared,) = [d for d in task_registry().declared if d.spec.key == task_key]
+    return task_asset(
+        declared.spec,
+        declared.body(),
+        hooks=hooks or Hooks.from_environment(),
+        registered=registered_tasks,
+        **declared.asset_options,
+    )
 
 
 # --- plain listener functions a hooks file names by target ("hook_support:...") -------------

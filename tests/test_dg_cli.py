@@ -19,8 +19,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from orchestration.declarations import registered_tasks
 from orchestration.definitions import defs
-from orchestration.tasks import TASKS
 from resources.core.settings import PROJECT_ROOT
 
 DG = Path(sys.executable).parent / "dg"
@@ -73,7 +73,7 @@ def test_dg_list_defs_lists_the_code_location(dg_env: dict[str, str]):
         if isinstance(asset, dg.AssetsDefinition)
         for key in asset.keys
     }
-    for task in TASKS:
+    for task in registered_tasks():
         assert f"{task.key}_job" in jobs, task.key
         assert f"{task.key}_schedule" in schedules, task.key
     assert {"lease_reclaim_sensor", "ledger_outcome_sensor", "slot_health_sensor"} <= sensors

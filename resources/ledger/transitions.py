@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+import resources.ledger.rules as rules
 from resources.core.arguments import require_text
 from resources.core.due import Due, format_due
 from resources.core.entry import (
@@ -42,7 +43,6 @@ from resources.core.entry import (
 from resources.core.fence import Fence
 from resources.core.instants import iso
 from resources.core.text import clean_json
-from resources.ledger import rules
 from resources.ledger.model import (
     ClaimResult,
     appended,

@@ -15,7 +15,6 @@ import sqlalchemy as sa
 from hook_support import build
 from run_support import refused, scheduled
 
-from assets import automation
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger
@@ -23,8 +22,8 @@ from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.
-order_cleanup = build(automation.order_cleanup)
-service_lifecycle_maintenance = build(automation.service_lifecycle_maintenance)
+order_cleanup = build("order_cleanup")
+service_lifecycle_maintenance = build("service_lifecycle_maintenance")
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 

@@ -14,7 +14,6 @@ import pytest
 import sqlalchemy as sa
 from hook_support import build
 
-from assets import domain_assets
 from assets.billing.reminders import (
     RULE_OVERDUE,
     RULE_RENEWAL,
@@ -36,7 +35,7 @@ from resources.notifier import Notifier, OutboxNotifier, dispatch_notifications
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.
-billing_maintenance = build(domain_assets.billing_maintenance)
+billing_maintenance = build("billing_maintenance")
 
 POLICY = ReminderPolicy()
 DAY = timedelta(days=1)

@@ -17,7 +17,6 @@ import pytest
 from dagster_internals import CodeTarget, daemon_instance, daemon_workspace, run_scheduler_tick
 from hook_support import build
 
-from assets import domain_assets
 from assets.domain_config import DomainRules
 from orchestration.definitions import defs
 from orchestration.task_spec import TaskSpec, TaskSpecError, partition_key_for, validate_spec
@@ -28,7 +27,7 @@ from resources.notifier import OutboxNotifier
 from resources.source_store import SourceStore, create_schema
 
 # The code location's assets, built with this environment's plugin hooks.
-billing_maintenance = build(domain_assets.billing_maintenance)
+billing_maintenance = build("billing_maintenance")
 
 DAYS = [f"2026-11-{d}" for d in range(20, 27)]  # a 7-day backfill
 

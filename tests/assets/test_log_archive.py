@@ -15,10 +15,8 @@ import pytest
 import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 from hook_support import build
-from orchestration.tasks import TASKS
 from run_support import scheduled
 
-from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.logs.archive import (
     ArchivedLog,
@@ -27,6 +25,7 @@ from assets.logs.archive import (
     verify_archive,
     write_archive,
 )
+from orchestration.declarations import registered_tasks
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger
@@ -37,7 +36,7 @@ from resources.source_schema import automation_log
 from resources.source_store import SourceStore, create_schema
 
 # The code location's assets, built with this environment's plugin hooks.
-log_archive = build(domain_assets.log_archive)
+log_archive = build("log_archive")
 
 
 def read_archive(path: Path) -> pd.DataFrame:
@@ -250,7 +249,7 @@ def test_a_tampered_archive_fails_verification(tmp_path):
 
 
 def test_log_archive_is_daily_at_two_and_not_manually_triggerable():
-    (spec,) = [s for s in TASKS if s.key == "log_archive"]
+    (spec,) = [s for s in registered_tasks() if s.key == "log_archive"]
     assert spec.manual_trigger is False
     assert spec.rule.describe() == "cron '0 2 * * *'"
 

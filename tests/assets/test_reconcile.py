@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 from hook_support import build
 
-from assets import domain_assets
 from assets.billing.reconcile import (
     KIND_BALANCE,
     KIND_INVOICE,
@@ -26,7 +25,7 @@ from resources.source_schema import read_frame_from
 from resources.source_store import SourceStore, create_schema
 
 # The code location's assets, built with this environment's plugin hooks.
-reconcile_account_balance = build(domain_assets.reconcile_account_balance)
+reconcile_account_balance = build("reconcile_account_balance")
 
 AS_OF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -15,9 +15,9 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
-from hook_support import HEARD, hooks_file
+from hook_support import HEARD, build, hooks_file
 
-from assets import domain_assets
+import assets.billing.tasks as billing_tasks
 from assets.billing.reminders import (
     NOTICE_FIRST,
     NOTICE_LATER,
@@ -98,7 +98,7 @@ class Env:
         hooks file and code-location hooks object, as after a restart); its metadata."""
         for key, value in hooks_file(self.tmp / "hooks.toml", *listeners).items():
             self.monkeypatch.setenv(key, value)
-        asset = domain_assets.billing_maintenance.build(hooks.Hooks.from_environment())
+        asset = build("billing_maintenance", hooks.Hooks.from_environment())
         result = dg.materialize(
             [asset],
             resources={
@@ -289,7 +289,7 @@ def test_a_raising_or_slow_listener_never_stops_the_notices(env):
 
 
 def test_past_the_budget_the_remaining_first_notices_go_out_unasked(env, monkeypatch):
-    monkeypatch.setattr(domain_assets, "FIRST_NOTICE_HOOKS_BUDGET_SECONDS", 0.3)
+    monkeypatch.setattr(billing_tasks, "FIRST_NOTICE_HOOKS_BUDGET_SECONDS", 0.3)
     env.services(service(7, customer=2), service(8, customer=2), service(9, customer=2))
     sleeping = {"target": "hook_support:sleeping", "events": [EVENT], "timeout_seconds": 5}
     metadata = env.run(SEVEN_DAYS_BEFORE, sleeping)

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 from hook_support import build
 
-from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.services.renewals import apply_auto_renew, plan_auto_renew
 from assets.tunables import AutoRenewPolicy
@@ -26,8 +25,8 @@ from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.
-reconcile_account_balance = build(domain_assets.reconcile_account_balance)
-service_auto_renew = build(domain_assets.service_auto_renew)
+reconcile_account_balance = build("reconcile_account_balance")
+service_auto_renew = build("service_auto_renew")
 
 AS_OF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NAIVE = AS_OF.replace(tzinfo=None)

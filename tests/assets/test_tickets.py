@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from fence_support import lost_guard, refusals
 from hook_support import build
 
-from assets import domain_assets
 from assets.domain_config import DomainRules
 from assets.tickets.auto_close import close_tickets, select_tickets_to_close
 from assets.tunables import TicketAutoClosePolicy
@@ -24,7 +23,7 @@ from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.
-ticket_auto_close = build(domain_assets.ticket_auto_close)
+ticket_auto_close = build("ticket_auto_close")
 
 MIDNIGHT = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 NAIVE = MIDNIGHT.replace(tzinfo=None)

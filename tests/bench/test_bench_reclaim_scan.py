@@ -8,6 +8,7 @@ import reclaim_scan
 import sqlalchemy as sa
 from run import KIND_CHECK, read_json
 
+from orchestration.reclaim import reclaim_expired
 from resources.core.entry import FailureKind, Status
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
@@ -37,7 +38,7 @@ def test_the_prepared_ledger_has_the_expired_and_live_leases_it_claims(prepared)
 
 
 def test_reclaim_takes_exactly_the_expired_leases_and_leaves_live_ones(prepared):
-    reclaimed = RunLedger(database_url=prepared.url).reclaim_expired(now=prepared.now)
+    reclaimed = reclaim_expired(RunLedger(database_url=prepared.url), now=prepared.now)
     assert {e.id for e in reclaimed} == set(prepared.expired)
     assert {e.failure_kind for e in reclaimed} == {FailureKind.LEASE_RECLAIMED}
     assert _ids(prepared.url, entries.c.status == Status.RUNNING) == prepared.live
@@ -67,7 +68,7 @@ def test_the_check_notices_an_entry_reclaimed_that_should_not_have_been(prepared
             .where(entries.c.id == extra)
             .values(lease_expires_at=min(prepared.expired.values()))
         )
-    reclaimed = RunLedger(database_url=prepared.url).reclaim_expired(now=prepared.now)
+    reclaimed = reclaim_expired(RunLedger(database_url=prepared.url), now=prepared.now)
     problems = reclaim_scan.check(prepared, engine, {e.id for e in reclaimed})
     engine.dispose()
     assert problems and "1 extra" in problems[0]

@@ -9,7 +9,7 @@ import pytest
 import run_cost
 from run import KIND_CHECK, read_json
 
-from orchestration.tasks import TASKS
+from orchestration.declarations import registered_tasks
 
 
 def _costs(*cpu: float) -> list[run_cost.Cost]:
@@ -42,7 +42,7 @@ def test_pairs_alternate_which_side_goes_first():
 
 
 def test_tasks_are_checked_against_the_registry():
-    assert run_cost.parse_tasks("all") == [s.key for s in TASKS]
+    assert run_cost.parse_tasks("all") == [s.key for s in registered_tasks()]
     assert run_cost.parse_tasks("order_cleanup, tick_every_slot") == [
         "order_cleanup",
         "tick_every_slot",

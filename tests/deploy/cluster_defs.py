@@ -37,8 +37,8 @@ from history.collect import (
 )
 
 from orchestration.services.hooks import Hooks
-from orchestration.task_defs import task_jobs_and_schedules
-from orchestration.task_run import SecondWorkerOfRun, task_run
+from orchestration.task_defs import run_task, task_jobs_and_schedules
+from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core.settings import ENV_DATABASE_URL
@@ -94,41 +94,43 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
     def _task(context: dg.AssetExecutionContext, ledger: RunLedger):
         pace = random.Random(context.run_id)
         time.sleep(pace.uniform(0.0, 0.5))
-        try:
-            with task_run(context, ledger, spec, hooks=HOOKS, tasks=SPECS) as run:
-                engine = _engine(os.environ[ENV_DATABASE_URL])
-                token = run.entry.claim_generation
-                with engine.begin() as conn:
-                    conn.execute(
-                        sa.insert(history_claims).values(
-                            entry_id=run.entry.id,
-                            run_id=context.run_id,
-                            token=token,
-                            worker=_worker(),
-                            at=datetime.now(UTC),
-                        )
+
+        def work(context: dg.AssetExecutionContext, run: TaskRun):
+            engine = _engine(os.environ[ENV_DATABASE_URL])
+            token = run.entry.claim_generation
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.insert(history_claims).values(
+                        entry_id=run.entry.id,
+                        run_id=context.run_id,
+                        token=token,
+                        worker=_worker(),
+                        at=datetime.now(UTC),
                     )
-                for number in range(EFFECTS):
-                    time.sleep(pace.uniform(0.5, 1.5) * WORK_SECONDS)
-                    if spec is SPECS[0] and number == EFFECTS - 1:
-                        time.sleep(SLOW_SECONDS)
-                    name = f"notify-{number}"
-                    with effect_transaction(engine, run.guard, name) as conn:
-                        key = {"task": spec.key, "due": _due(run.as_of), "effect": name}
-                        if insert_ignoring_conflict(conn, history_effect_keys, **key):
-                            conn.execute(
-                                sa.insert(history_effects).values(
-                                    **key,
-                                    entry_id=run.entry.id,
-                                    run_id=context.run_id,
-                                    token=token,
-                                    worker=_worker(),
-                                    at=datetime.now(UTC),
-                                )
+                )
+            for number in range(EFFECTS):
+                time.sleep(pace.uniform(0.5, 1.5) * WORK_SECONDS)
+                if spec is SPECS[0] and number == EFFECTS - 1:
+                    time.sleep(SLOW_SECONDS)
+                name = f"notify-{number}"
+                with effect_transaction(engine, run.guard, name) as conn:
+                    key = {"task": spec.key, "due": _due(run.as_of), "effect": name}
+                    if insert_ignoring_conflict(conn, history_effect_keys, **key):
+                        conn.execute(
+                            sa.insert(history_effects).values(
+                                **key,
+                                entry_id=run.entry.id,
+                                run_id=context.run_id,
+                                token=token,
+                                worker=_worker(),
+                                at=datetime.now(UTC),
                             )
-                yield dg.MaterializeResult(metadata={"attempt": run.entry.attempt})
-        except SecondWorkerOfRun:
-            return  # as task_asset does: the run's other process holds the claim
+                        )
+            yield dg.MaterializeResult(metadata={"attempt": run.entry.attempt})
+
+        # A second process of one run (two daemons dequeued it) ends quietly inside run_task:
+        # the run's other process holds the claim.
+        yield from run_task(context, ledger, spec, work, hooks=HOOKS, tasks=SPECS)
 
     return _task
 

@@ -10,25 +10,26 @@ the suite fast: the default executor starts a second process per run).
 """
 
 import dagster as dg
-from assets.automation import TASK_ASSETS
 
-from orchestration.declarations import task_views
+from orchestration.declarations import registered_tasks, task_registry, task_views
 from orchestration.definitions import build_resources
 from orchestration.services.hooks import Hooks
-from orchestration.task_defs import task_jobs_and_schedules
+from orchestration.task_defs import task_definitions
 from sensors import build_sensors
 
 TASKS = ("order_cleanup", "service_lifecycle_maintenance")
 
 _hooks = Hooks.from_environment()
-_views = [v for v in task_views() if v.spec.key in TASKS]
-_jobs, _schedules = task_jobs_and_schedules(_views, hooks=_hooks)
-
-defs = dg.Definitions(
-    assets=[task.build(_hooks) for task in TASK_ASSETS if task.task_key in TASKS],
-    jobs=_jobs,
-    schedules=_schedules,
-    sensors=build_sensors(_views),
-    resources=build_resources(),
-    executor=dg.in_process_executor,
+_pairs = [
+    (declared, view)
+    for declared, view in zip(task_registry().declared, task_views(), strict=True)
+    if declared.spec.key in TASKS
+]
+defs = dg.Definitions.merge(
+    *(task_definitions(d, v, hooks=_hooks, registered=registered_tasks) for d, v in _pairs),
+    dg.Definitions(
+        sensors=build_sensors([v for _, v in _pairs]),
+        resources=build_resources(),
+        executor=dg.in_process_executor,
+    ),
 )

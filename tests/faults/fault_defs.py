@@ -7,25 +7,21 @@ that run does not spawn a step process (both only to keep the suite fast).
 """
 
 import dagster as dg
-from assets.automation import order_cleanup
 
-from orchestration.declarations import task_views
+from orchestration.declarations import registered_tasks, task_registry, task_views
 from orchestration.definitions import build_resources
 from orchestration.services.hooks import Hooks
-from orchestration.task_defs import task_jobs_and_schedules
+from orchestration.task_defs import task_definitions
 
 TASK = "order_cleanup"
 SCHEDULE = "order_cleanup_schedule"
 
-_hooks = Hooks.from_environment()
-_jobs, _schedules = task_jobs_and_schedules(
-    [v for v in task_views() if v.spec.key == TASK], hooks=_hooks
-)
-
-defs = dg.Definitions(
-    assets=[order_cleanup.build(_hooks)],
-    jobs=_jobs,
-    schedules=_schedules,
-    resources=build_resources(),
-    executor=dg.in_process_executor,
+((_declared, _view),) = [
+    (d, v)
+    for d, v in zip(task_registry().declared, task_views(), strict=True)
+    if d.spec.key == TASK
+]
+defs = dg.Definitions.merge(
+    task_definitions(_declared, _view, hooks=Hooks.from_environment(), registered=registered_tasks),
+    dg.Definitions(resources=build_resources(), executor=dg.in_process_executor),
 )

@@ -14,10 +14,9 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 from alert_sinks import FakeChannel, SmtpSink, WebhookSink, free_port, start
+from hook_support import build
 
-from assets.slot_ticks import SLOT_TICK_ASSETS
 from orchestration.services.alerts import Alerts
-from orchestration.services.hooks import Hooks
 from resources.alert_channels import EmailChannel, WebhookChannel
 from resources.core import tags as t
 from resources.core.alerting import (
@@ -318,7 +317,6 @@ def test_a_run_of_an_unregistered_task_delivers_its_alert_from_the_run(
     # (SQLite only: a Dagster run is the slow part; the delivery code is the same.)
     ledger = RunLedger(database_url=sqlite_url)
     ledger.migrate()
-    tick_asset = next(a for a in SLOT_TICK_ASSETS if a.task_key == "tick_every_slot")
     tags = {
         t.TAG_TASK: "tick_renamed_away",
         t.TAG_TRIGGER: Trigger.SCHEDULE.value,
@@ -327,7 +325,7 @@ def test_a_run_of_an_unregistered_task_delivers_its_alert_from_the_run(
     with start(WebhookSink()) as webhook, dg.instance_for_test() as instance:
         monkeypatch.setenv(ENV_WEBHOOK_URL, webhook.url())
         run = dg.materialize(
-            [tick_asset.build(Hooks.from_environment())],
+            [build("tick_every_slot")],
             resources={"ledger": ledger},
             instance=instance,
             tags=tags,

@@ -8,9 +8,9 @@ from dataclasses import replace
 import dagster as dg
 import pytest
 from click.testing import CliRunner
-from orchestration.tasks import TASKS
 
 from orchestration.cli import main
+from orchestration.declarations import registered_tasks
 from orchestration.manual_launch import launch_manual
 from orchestration.services.hooks import Hooks
 from orchestration.services.launch import manual_run_id
@@ -28,7 +28,7 @@ def test_tasks_json_lists_every_task_with_declared_and_effective_cadence():
     code, out = invoke("tasks", "--json")
     assert code == 0
     rows = json.loads(out)
-    assert [r["key"] for r in rows] == [t.key for t in TASKS]
+    assert [r["key"] for r in rows] == [t.key for t in registered_tasks()]
     for row in rows:
         assert {"key", "rule", "declared_cadence", "effective_cadence", "manual_trigger"} <= set(
             row
@@ -56,11 +56,11 @@ def test_launch_without_operator_is_invalid_input():
 
 
 def test_a_task_that_is_not_manually_triggerable_is_refused_and_nothing_is_launched(tmp_path):
-    specs = tuple(replace(t, manual_trigger=False) for t in TASKS)
+    specs = tuple(replace(t, manual_trigger=False) for t in registered_tasks())
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.migrate()
     submitted: list[str] = []
-    with dg.instance_for_test() as instance, pytest.raises(Refused, match="manual_trigger=True"):
+    with dg.instance_for_test() as instance, pytest.raises(Refused, match="manual_trigger: true"):
         launch_manual(
             specs,
             "order_cleanup",

@@ -40,9 +40,9 @@ from cli_process import stored_text
 from click.testing import CliRunner
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from orchestration.tasks import TASKS
 
 from orchestration.cli import main
+from orchestration.declarations import registered_tasks
 from resources.core import alerting as a
 from resources.core.entry import STATUSES, Trigger, dedup_key_for_due
 from resources.core.settings import (
@@ -59,7 +59,7 @@ from resources.ledger.schema import entries
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 FLAG = "--yes-delete-everything"
-TASK_KEYS = {spec.key for spec in TASKS}
+TASK_KEYS = {spec.key for spec in registered_tasks()}
 
 #: Planted in every secret position; must never be printed or stored.
 SECRET = "PLANTEDSECRET9"

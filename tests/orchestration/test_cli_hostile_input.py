@@ -380,8 +380,8 @@ def test_messages_say_what_is_wrong(sqlite_box: Box) -> None:
 def test_tasks_json_reports_plugin_tasks_not_allowed_and_load_errors(sqlite_box: Box) -> None:
     site = sqlite_box.tmp / "site"
     for name, target in (
-        ("other-tasks", "fixtures.task_plugin_cases:FACTORY"),
-        ("broken-tasks", "no_such_plugin_module:TASKS"),
+        ("other-tasks", "fixtures.task_plugin_cases.gamma"),
+        ("broken-tasks", "no_such_plugin_module"),
     ):
         dist = site / f"{name.replace('-', '_')}-0.1.0.dist-info"
         dist.mkdir(parents=True)

@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from hook_support import build
 from sqlalchemy.engine import make_url
 
-from assets import automation, domain_assets
 from assets.domain_config import DomainRules
 from orchestration.cli import main
 from resources.core import tags as t
@@ -35,9 +34,9 @@ AS_OF = datetime(2026, 11, 30, tzinfo=UTC)
 FLAG = "--yes-delete-everything"
 
 # The code location's assets, built with this environment's plugin hooks.
-service_auto_renew = build(domain_assets.service_auto_renew)
-billing_maintenance = build(domain_assets.billing_maintenance)
-order_cleanup = build(automation.order_cleanup)
+service_auto_renew = build("service_auto_renew")
+billing_maintenance = build("billing_maintenance")
+order_cleanup = build("order_cleanup")
 
 
 def sample_data(*args: str, code: int = 0) -> dict[str, object]:

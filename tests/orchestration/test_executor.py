@@ -21,10 +21,10 @@ DAGSTER = Path(sys.executable).with_name("dagster")
 
 
 def test_every_task_job_runs_its_step_in_process() -> None:
+    from orchestration.declarations import registered_tasks
     from orchestration.definitions import defs
-    from orchestration.tasks import TASKS
 
-    for spec in TASKS:
+    for spec in registered_tasks():
         job = defs.resolve_job_def(spec.job_name)
         assert job.executor_def is dg.in_process_executor, spec.job_name
         assert len(job.nodes) == 1, f"{spec.job_name} has more than one step"

@@ -15,16 +15,14 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
-from hook_support import SwappableHooks
-from orchestration.tasks import TASKS
+from hook_support import SwappableHooks, build
 from run_support import refused, scheduled
 
-from assets.slot_ticks import SLOT_TICK_ASSETS
-from orchestration.declarations import task_views
+from orchestration.declarations import registered_tasks, task_views
 from orchestration.manual_launch import launch_manual
 from orchestration.services import hooks
-from orchestration.task_defs import task_jobs_and_schedules
-from orchestration.task_run import task_run
+from orchestration.task_defs import run_task, task_jobs_and_schedules
+from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
@@ -44,8 +42,10 @@ DUE_KEY = "2026-11-30T22:45:00Z"
 # What each test installs; the code location's schedules and assets, built with it.
 HOOKS = SwappableHooks()
 SCHEDULES = {s.name: s for s in task_jobs_and_schedules(task_views(), hooks=HOOKS)[1]}
-TICK_ASSETS = {a.task_key: a.build(HOOKS) for a in SLOT_TICK_ASSETS}
-# A registered-by-its-own-asset task whose body always fails (not in TASKS; its runs are
+TICK_ASSETS = {
+    k: build(k, HOOKS) for k in ("tick_every_slot", "tick_every_minute", "tick_every_five_minutes")
+}
+# A registered-by-its-own-asset task whose body always fails (not in the registry; its runs are
 # supported because the run's task is the asset's own task).
 PROBE = TaskSpec(
     key="hook_probe",
@@ -56,10 +56,14 @@ PROBE = TaskSpec(
 )
 
 
-@dg.asset(name="hook_probe")
+def _fails(context: dg.AssetExecutionContext, run: TaskRun):
+    raise ValueError("the source is down")
+    yield  # a generator, like every body
+
+
+@dg.asset(name="hook_probe", output_required=False)
 def hook_probe(context: dg.AssetExecutionContext, ledger: RunLedger):
-    with task_run(context, ledger, PROBE, hooks=HOOKS):
-        raise ValueError("the source is down")
+    yield from run_task(context, ledger, PROBE, _fails, hooks=HOOKS, tasks=registered_tasks())
 
 
 @dataclass
@@ -308,7 +312,7 @@ def test_a_manual_launch_fires_creation_events_with_its_run_id_and_entry(install
     install(softer, recorder.listener())
     submitted: list[dict[str, str]] = []
     result = launch_manual(
-        TASKS,
+        registered_tasks(),
         "order_cleanup",
         operator="ops",
         reason="run now",
@@ -340,7 +344,7 @@ def test_a_blocking_deny_refuses_a_manual_launch_and_changes_nothing(install, le
     submitted: list[str] = []
     with pytest.raises(Refused, match=r"denied by a blocking plugin listener.*change freeze"):
         launch_manual(
-            TASKS,
+            registered_tasks(),
             "order_cleanup",
             operator="ops",
             reason="run now",

@@ -18,8 +18,8 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from orchestration.tasks import TASKS
 
+from orchestration.declarations import registered_tasks
 from orchestration.manual_launch import launch_manual
 from orchestration.services import launch
 from orchestration.services.hooks import Hooks
@@ -199,7 +199,7 @@ def test_a_manual_launch_that_times_out_leaves_its_entry_dispatch_failed(
     ledger.migrate()
     with dg.instance_for_test() as instance, pytest.raises(LaunchFailed, match="did not finish"):
         launch_manual(
-            TASKS,
+            registered_tasks(),
             "order_cleanup",
             operator="ops",
             reason="x",
@@ -231,7 +231,7 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
     with dg.instance_for_test() as instance:
         with pytest.raises(LaunchFailed):
             launch_manual(
-                TASKS,
+                registered_tasks(),
                 "order_cleanup",
                 instance=instance,
                 ledger=ledger,
@@ -242,7 +242,7 @@ def test_launching_a_dispatch_failed_request_again_re_dispatches_it(tmp_path: Pa
         [failed] = ledger.list_entries(limit=5)[0]
         assert failed.status == Status.DISPATCH_FAILED
         result = launch_manual(
-            TASKS,
+            registered_tasks(),
             "order_cleanup",
             instance=instance,
             ledger=ledger,
@@ -265,7 +265,7 @@ def test_the_operator_and_reason_are_recorded_stripped(tmp_path: Path) -> None:
     tags: list[dict[str, str]] = []
     with dg.instance_for_test() as instance:
         result = launch_manual(
-            TASKS,
+            registered_tasks(),
             "order_cleanup",
             operator="  alice ",
             reason=" checked \n",

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from run_support import scheduled
 
-from orchestration.tasks import TASKS
+from orchestration.declarations import registered_tasks
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Trigger
@@ -117,7 +117,7 @@ print(json.dumps({"ok": result.success, "heavy": heavy}))
 
 def _tags(job: str) -> dict[str, str]:
     """A task that is not manually triggerable runs as its schedule launches it (issue 23)."""
-    (spec,) = [s for s in TASKS if f"{s.key}_job" == job]
+    (spec,) = [s for s in registered_tasks() if f"{s.key}_job" == job]
     if spec.manual_trigger:
         return {}
     due = format_due(datetime(2026, 11, 30, 22, 45, tzinfo=UTC))

@@ -22,12 +22,13 @@ from typing import Any
 import dagster as dg
 import pytest
 from hook_support import registry_of
-from orchestration.tasks import TASKS
 from processes import start_group, stop_group
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestration.declarations import registered_tasks
 from orchestration.services.hooks import Hooks, Listener
-from orchestration.task_run import task_run
+from orchestration.task_defs import run_task
+from orchestration.task_run import TaskRun
 from orchestration.task_spec import require_task
 from resources.core import metrics as m
 from resources.core import tags as t
@@ -37,7 +38,7 @@ from resources.core.entry import FailureKind, Trigger, dedup_key_for_due
 from resources.core.settings import ENV_DATABASE_URL, PROJECT_ROOT
 from resources.ledger import RunLedger
 
-SPEC = require_task(TASKS, "order_cleanup")
+SPEC = require_task(registered_tasks(), "order_cleanup")
 SLOT = timedelta(minutes=15)
 BIN = Path(sys.executable).parent
 STARTUP_S = 120.0
@@ -51,12 +52,16 @@ HOOKS = Hooks.of(registry_of(Listener("broken", ("task_before",), broken_listene
 FAIL_FLAG = "DUELEDGER_TEST_METRICS_FAIL"
 
 
-@dg.asset(name="order_cleanup")
+def _nothing(context: dg.AssetExecutionContext, run: TaskRun):
+    if os.environ.get(FAIL_FLAG):
+        raise RuntimeError("the source is down")
+    yield from ()
+
+
+@dg.asset(name="order_cleanup", output_required=False)
 def order_cleanup(context: dg.AssetExecutionContext, ledger: RunLedger):
     """order_cleanup's claim, a body that does nothing (or fails while the flag is set)."""
-    with task_run(context, ledger, SPEC, hooks=HOOKS):
-        if os.environ.get(FAIL_FLAG):
-            raise RuntimeError("the source is down")
+    yield from run_task(context, ledger, SPEC, _nothing, hooks=HOOKS, tasks=registered_tasks())
 
 
 @pytest.fixture

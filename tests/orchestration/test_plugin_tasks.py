@@ -27,7 +27,6 @@ from typing import Any
 import dagster as dg
 import pytest
 from click.testing import CliRunner
-from orchestration.tasks import TASKS
 
 from orchestration.cli import main
 from orchestration.declarations import (
@@ -35,6 +34,7 @@ from orchestration.declarations import (
     LOCATION_RESOURCE_KEYS,
     TaskRegistry,
     load_task_registry,
+    registered_tasks,
     task_views,
 )
 from orchestration.manual_launch import EntryRequest
@@ -63,15 +63,15 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 ROOT = TESTS_DIR.parent
 EXAMPLE_PLUGIN = TESTS_DIR / "fixtures" / "example_task_plugin"
 CASES = "fixtures.task_plugin_cases"
-CORE_KEYS = [s.key for s in TASKS]
+CORE_KEYS = [s.key for s in registered_tasks()]
 DUE = "2026-11-30T22:45:00Z"
 NOW = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 
 
-def entry_point(name: str, attribute: str, module: str = CASES) -> importlib.metadata.EntryPoint:
-    return importlib.metadata.EntryPoint(
-        name=name, value=f"{module}:{attribute}", group=ENTRY_POINT_GROUP
-    )
+def entry_point(name: str, package: str) -> importlib.metadata.EntryPoint:
+    """An entry point naming a plugin's package (one of the cases, or any dotted name)."""
+    value = package if "." in package or package.endswith("_module") else f"{CASES}.{package}"
+    return importlib.metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
 
 
 def load(*entry_points: importlib.metadata.EntryPoint, allow: str = "", **env: str) -> TaskRegistry:
@@ -90,18 +90,20 @@ def errors_of(registry: TaskRegistry) -> list[str]:
 
 def test_allowed_plugin_tasks_register_after_the_core_tasks_with_their_source() -> None:
     registry = load(
-        entry_point("cases", "GOOD"), entry_point("more", "FACTORY"), allow="cases, case_gamma"
+        entry_point("cases", "good"), entry_point("more", "gamma"), allow="cases, case_gamma"
     )
     assert errors_of(registry) == []
     assert [s.key for s in registry.tasks] == [*CORE_KEYS, "case_alpha", "case_beta", "case_gamma"]
     assert registry.source_of("order_cleanup") == t.SOURCE_CORE
     assert registry.source_of("case_alpha") == "plugin:cases"
     assert registry.source_of("case_gamma") == "plugin:more"
-    assert [a.task_key for a in registry.plugin_assets] == ["case_alpha", "case_beta", "case_gamma"]
+    plugin_tasks = [d for d in registry.declared if d.spec.from_plugin]
+    assert [d.spec.key for d in plugin_tasks] == ["case_alpha", "case_beta", "case_gamma"]
+    assert plugin_tasks[0].module == f"{CASES}.good.tasks"
     # Every run of a plugin task names its plugin; core runs carry no such tag.
     (beta,) = [s for s in registry.tasks if s.key == "case_beta"]
     assert task_run_tags(beta)[t.TAG_SOURCE] == "plugin:cases"
-    assert t.TAG_SOURCE not in task_run_tags(TASKS[0])
+    assert t.TAG_SOURCE not in task_run_tags(registered_tasks()[0])
 
 
 @pytest.mark.parametrize(
@@ -114,14 +116,14 @@ def test_allowed_plugin_tasks_register_after_the_core_tasks_with_their_source() 
     ],
 )
 def test_the_allow_list_names_a_task_key_or_a_plugin(allow: str, registered: list[str]) -> None:
-    registry = load(entry_point("cases", "GOOD"), allow=allow)
+    registry = load(entry_point("cases", "good"), allow=allow)
     assert [s.key for s in registry.tasks] == [*CORE_KEYS, *registered]
     not_allowed = {"case_alpha", "case_beta"} - set(registered)
     assert {f.spec.key for f in registry.not_allowed} == not_allowed
 
 
 def test_a_plugin_task_not_allowed_is_listed_with_what_to_allow() -> None:
-    registry = load(entry_point("cases", "GOOD"))
+    registry = load(entry_point("cases", "good"))
     assert [s.key for s in registry.tasks] == CORE_KEYS
     why = registry.why_unregistered("case_alpha")
     assert "plugin:cases" in why and "installed but not allowed" in why
@@ -131,7 +133,7 @@ def test_a_plugin_task_not_allowed_is_listed_with_what_to_allow() -> None:
 def test_the_allow_list_may_live_in_the_hooks_file(tmp_path: Path) -> None:
     config = tmp_path / "hooks.toml"
     config.write_text('[tasks]\nallow = ["case_beta"]\n', encoding="utf-8")
-    registry = load(entry_point("cases", "GOOD"), **{hooks.ENV_HOOKS_FILE: str(config)})
+    registry = load(entry_point("cases", "good"), **{hooks.ENV_HOOKS_FILE: str(config)})
     assert [s.key for s in registry.tasks] == [*CORE_KEYS, "case_beta"]
     assert registry.config_file == str(config)
     # The hook loader reads the same file and knows the [tasks] table is not its mistake.
@@ -142,22 +144,22 @@ def test_the_allow_list_may_live_in_the_hooks_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("attribute", "expected"),
+    ("package", "expected"),
     [
-        ("BAD_LEASE", ["task 'case_bad_lease'", "lease_ttl:", "must be greater than timeout"]),
-        ("WRONG_ASSET", ["task 'case_wrong_asset'", "asset:", "'case_alpha'"]),
-        ("NOT_A_TASK_ASSET", ["task 'plain_asset'", "asset:", "task_asset"]),
-        ("CORE_KEY", ["task 'order_cleanup'", "key: already registered by core"]),
-        ("NEEDS_RESOURCE", ["task 'needs_mailer'", "asset:", "mailer"]),
-        ("NOT_A_TASK", ["not a plugin task", "PluginTask"]),
-        ("NO_SUCH_ATTRIBUTE", ["AttributeError"]),
+        ("bad_lease", ["task 'case_bad_lease'", "lease_ttl:", "must be greater than timeout"]),
+        ("wrong_body", ["task 'case_wrong_body'", "asset:", "case_alpha"]),
+        ("plain_asset", ["task 'plain_asset'", "asset:", "task_asset"]),
+        ("core_key", ["task 'order_cleanup'", "key: already registered by core"]),
+        ("needs_resource", ["task 'needs_mailer'", "asset:", "mailer"]),
+        ("not_tasks", ["not a plugin task", "defs.yaml"]),
+        ("no_such_package", ["ModuleNotFoundError"]),
     ],
 )
 def test_a_broken_plugin_is_a_load_error_naming_plugin_task_and_field(
-    attribute: str, expected: list[str]
+    package: str, expected: list[str]
 ) -> None:
     registry = load(
-        entry_point("broken", attribute), entry_point("cases", "GOOD"), allow="broken,cases"
+        entry_point("broken", package), entry_point("cases", "good"), allow="broken,cases"
     )
     (problem,) = registry.load_errors
     assert (problem.source, problem.name, problem.plugin) == (
@@ -167,24 +169,24 @@ def test_a_broken_plugin_is_a_load_error_naming_plugin_task_and_field(
     )
     for text in expected:
         assert text in problem.error
-    if attribute not in ("NOT_A_TASK", "NO_SUCH_ATTRIBUTE"):
+    if package not in ("not_tasks", "no_such_package"):
         assert "plugin:broken" in problem.error
     # Nothing of the broken plugin is registered; the other plugin is.
     assert [s.key for s in registry.tasks] == [*CORE_KEYS, "case_alpha", "case_beta"]
 
 
 def test_a_plugin_that_cannot_be_imported_is_reported_not_raised() -> None:
-    registry = load(entry_point("gone", "TASKS", module="no_such_plugin_module"), allow="gone")
+    registry = load(entry_point("gone", "no_such_plugin_module"), allow="gone")
     (problem,) = registry.load_errors
     assert "ModuleNotFoundError" in problem.error and "no_such_plugin_module" in problem.error
-    assert registry.tasks == TASKS
+    assert registry.tasks == registered_tasks()
     why = registry.why_unregistered("anything", "plugin:gone")
     assert "plugin:gone" in why and "failed to load" in why
 
 
 def test_a_plugin_written_against_a_moved_module_is_told_where_its_imports_went() -> None:
     # Plugins once imported orchestration.task_plugins (and .hooks, .registry) directly.
-    registry = load(entry_point("old", "TASKS", module="orchestration.task_plugins"), allow="old")
+    registry = load(entry_point("old", "old_imports"), allow="old")
     (problem,) = registry.load_errors
     assert "No module named 'orchestration.task_plugins'" in problem.error
     assert "import from orchestration.plugins instead" in problem.error
@@ -192,7 +194,7 @@ def test_a_plugin_written_against_a_moved_module_is_told_where_its_imports_went(
 
 def test_of_two_allowed_plugins_with_one_key_the_first_registers_and_the_error_names_both() -> None:
     registry = load(
-        entry_point("first", "GOOD"), entry_point("second", "GOOD"), allow="first,second"
+        entry_point("first", "good"), entry_point("second", "good"), allow="first,second"
     )
     assert registry.source_of("case_alpha") == "plugin:first"
     assert len(errors_of(registry)) == 2
@@ -201,14 +203,14 @@ def test_of_two_allowed_plugins_with_one_key_the_first_registers_and_the_error_n
 
 
 def test_an_allow_list_name_that_matches_nothing_is_reported() -> None:
-    registry = load(entry_point("cases", "GOOD"), allow="cases,typo_task")
+    registry = load(entry_point("cases", "good"), allow="cases,typo_task")
     (problem,) = registry.load_errors
     assert (problem.source, problem.name) == ("allow_list", "typo_task")
 
 
 def test_a_spec_claiming_a_bogus_source_is_invalid() -> None:
     with pytest.raises(TaskSpecError, match="source"):
-        validate_spec(replace(TASKS[0], source="somewhere"), 15)
+        validate_spec(replace(registered_tasks()[0], source="somewhere"), 15)
 
 
 def test_the_resources_a_plugin_asset_may_need_are_the_code_locations() -> None:
@@ -236,9 +238,9 @@ def register_distribution(site: Path, name: str, entry_points: dict[str, str]) -
 @pytest.fixture
 def plugins_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     site = tmp_path / "site-packages"
-    register_distribution(site, "acme-tasks", {"acme": f"{CASES}:GOOD"})
-    register_distribution(site, "other-tasks", {"other": f"{CASES}:FACTORY"})
-    register_distribution(site, "broken-tasks", {"broken": "no_such_plugin_module:TASKS"})
+    register_distribution(site, "acme-tasks", {"acme": f"{CASES}.good"})
+    register_distribution(site, "other-tasks", {"other": f"{CASES}.gamma"})
+    register_distribution(site, "broken-tasks", {"broken": "no_such_plugin_module"})
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     monkeypatch.setenv(ENV_PLUGIN_TASKS, "acme-tasks")
@@ -387,12 +389,16 @@ def test_a_queued_entry_whose_run_failed_before_starting_ends_unsupported_once(
         operator="alice",
         reason="x",
     )
-    first = end_unregistered(ledger, request, "run-1", list(TASKS), source="plugin:gone-plugin")
+    first = end_unregistered(
+        ledger, request, "run-1", list(registered_tasks()), source="plugin:gone-plugin"
+    )
     assert first.action is Action.UNSUPPORTED
     assert first.entry is not None and first.entry.id == entry.id
     assert (first.entry.status, first.entry.failure_kind) == ("failed", "unsupported_task")
     assert "never started the task" in (first.entry.error or "")
-    again = end_unregistered(ledger, request, "run-1", list(TASKS), source="plugin:gone-plugin")
+    again = end_unregistered(
+        ledger, request, "run-1", list(registered_tasks()), source="plugin:gone-plugin"
+    )
     assert again.action is Action.NONE
     assert len(raised_alerts([first, again])) == 1
 
@@ -486,7 +492,7 @@ def test_an_installed_plugin_task_runs_and_after_uninstall_its_runs_end_unsuppor
     source = shutil.copytree(EXAMPLE_PLUGIN, tmp_path / "example_task_plugin")
     venv.install(source)
     # A second plugin that cannot be imported: reported, and the code location still loads.
-    register_distribution(venv.site, "broken-dueledger-tasks", {"broken": "gone_module:TASKS"})
+    register_distribution(venv.site, "broken-dueledger-tasks", {"broken": "gone_module"})
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": os.environ.get("HOME", str(tmp_path)),
@@ -560,48 +566,22 @@ def test_an_installed_plugin_task_runs_and_after_uninstall_its_runs_end_unsuppor
     assert b["entries_after_retry"] == b["entries"]
 
 
-def test_loading_many_plugin_tasks_never_asks_the_registry_being_loaded(
+def test_loading_many_plugin_tasks_imports_their_bodies_once_and_builds_no_asset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Checking a plugin task's asset builds it; the build must take the spec it is given, not
-    # ask the process registry -- which is what is being loaded: that loaded it again for
-    # every plugin task (quadratic; a RecursionError at a few hundred plugin tasks).
-    import orchestration.task_asset as task_asset_module
+    # Loading once built each plugin task's asset to check it, and asked the registry being
+    # loaded while doing so (quadratic; a RecursionError at a few hundred plugin tasks). A
+    # declaration is now read, and its body checked, without building anything: the code
+    # location builds each asset once, from the registry.
+    import orchestration.task_defs as task_defs
 
-    def no_registry(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the plugin loader asked the registry it is loading")
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("loading the registry built a task asset")
 
-    monkeypatch.setattr(task_asset_module, "registered_tasks", no_registry)
-    registry = load(entry_point("cases", "GOOD"), entry_point("more", "FACTORY"), allow="cases")
+    monkeypatch.setattr(task_defs, "task_asset", no_build)
+    registry = load(entry_point("cases", "good"), entry_point("more", "gamma"), allow="cases")
     assert errors_of(registry) == []
-    assert [a.task_key for a in registry.plugin_assets] == ["case_alpha", "case_beta"]
-
-
-def test_the_code_location_builds_each_plugin_tasks_asset_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The loader builds a plugin task's asset to check it, against the registry's hooks; the
-    # code location takes that build (issue 25: building each one twice was a tenth of a
-    # 500-task location's load). Other hooks still get assets of their own, firing them.
-    import orchestration.task_asset as task_asset_module
-
-    from orchestration.definitions import plugin_definitions
-
-    built: list[str] = []
-    original = task_asset_module.TaskAsset.build
-
-    def counting(self: Any, hooks_: Any, *, spec: Any = None) -> Any:
-        built.append(self.task_key)
-        return original(self, hooks_, spec=spec)
-
-    monkeypatch.setattr(task_asset_module.TaskAsset, "build", counting)
-    registry = load(entry_point("cases", "GOOD"), allow="cases")
-    keys = ["case_alpha", "case_beta"]
-    assert registry.hooks is not None and built == keys
-    assets = plugin_definitions(registry, registry.hooks)
-    assert built == keys  # not built again
-    assert [a.key.to_user_string() for a in assets] == keys
-    assert all(a is f.built for a, f in zip(assets, registry.found, strict=True))
-    other = hooks.Hooks.of(hooks.HookRegistry())
-    rebuilt = plugin_definitions(registry, other)
-    assert built == keys + keys and not any(a is b for a, b in zip(assets, rebuilt, strict=True))
+    assert [d.spec.key for d in registry.declared if d.spec.from_plugin] == [
+        "case_alpha",
+        "case_beta",
+    ]

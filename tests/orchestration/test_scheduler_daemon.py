@@ -81,8 +81,7 @@ def test_a_crash_mid_tick_then_resume_creates_exactly_one_launched_run(instance,
 
 
 def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance):
-    from orchestration.tasks import TASKS
-
+    from orchestration.declarations import registered_tasks
     from orchestration.manual_launch import launch_manual
     from orchestration.services.hooks import Hooks
     from resources.ledger import RunLedger
@@ -92,7 +91,7 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
     with daemon_workspace(instance, TARGET) as ctx:
         run_scheduler_tick(ctx, DUE)
     result = launch_manual(
-        TASKS,
+        registered_tasks(),
         "order_cleanup",
         operator="ops",
         reason="run now",
@@ -102,7 +101,7 @@ def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance)
         hooks=Hooks.from_environment(),
     )
     again = launch_manual(
-        TASKS,
+        registered_tasks(),
         "order_cleanup",
         operator="ops",
         reason="run now",

@@ -39,9 +39,9 @@ def instance(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_there_is_one_schedule_per_task():
-    from orchestration.tasks import TASKS
+    from orchestration.declarations import registered_tasks
 
-    expected = sorted(f"{task.key}_schedule" for task in TASKS)
+    expected = sorted(f"{task.key}_schedule" for task in registered_tasks())
     assert expected == SCHEDULES
 
 

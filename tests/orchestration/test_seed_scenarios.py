@@ -15,7 +15,6 @@ import pytest
 from hook_support import build
 from run_support import refused, scheduled
 
-from assets import automation
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Status, Trigger, dedup_key_for_due, dedup_key_for_request
@@ -23,7 +22,7 @@ from resources.ledger import RunLedger
 from resources.source_store import SourceStore, create_schema, make_engine
 
 # The code location's assets, built with this environment's plugin hooks.
-order_cleanup = build(automation.order_cleanup)
+order_cleanup = build("order_cleanup")
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 SCHEDULED = scheduled(

@@ -560,7 +560,7 @@ def test_a_launchpad_run_of_a_task_that_is_not_manually_triggerable_is_refused_v
     assert h.ledger.list_entries(task_key=LOCKED_TASK)[0] == []  # no entry was made
     messages = _messages(h, run_id)
     why = next(m for m in messages if "not manually triggerable" in m)
-    assert "Set manual_trigger=True in orchestration/tasks.py" in why
+    assert "Set manual_trigger: true where the task is declared (its defs.yaml)" in why
     assert any(m.startswith("refused: task 'locked_task'") for m in messages)  # cancel reason
     counts = h.ledger.summary_counts()
     assert (counts["refused_window"], counts["failed_window"]) == (1, 0)

@@ -11,7 +11,13 @@ import pytest
 import sqlalchemy as sa
 
 from orchestration.overlap import OverlapAction, claim_with_overlap
-from orchestration.pause import PAUSE_AFTER_FAILURES, PAUSE_CLI, open_pauses
+from orchestration.pause import (
+    PAUSE_AFTER_FAILURES,
+    PAUSE_CLI,
+    close_pauses,
+    open_pause,
+    open_pauses,
+)
 from resources.core.due import Due
 from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.core.fence import Fence
@@ -177,10 +183,10 @@ def test_due_entries_reads_a_range_of_dues(ledger: RunLedger) -> None:
 
 
 def test_one_open_pause_per_task_and_source(ledger: RunLedger) -> None:
-    first = ledger.pause_task(TASK, by="alice", reason="migration", source=PAUSE_CLI)
+    first = open_pause(ledger, TASK, by="alice", reason="migration", source=PAUSE_CLI)
     assert first is not None and first.task_key == TASK
-    assert ledger.pause_task(TASK, by="bob", reason="again", source=PAUSE_CLI) is None
-    other = ledger.pause_task(TASK, by="dueledger", reason="3 fail", source=PAUSE_AFTER_FAILURES)
+    assert open_pause(ledger, TASK, by="bob", reason="again", source=PAUSE_CLI) is None
+    other = open_pause(ledger, TASK, by="dueledger", reason="3 fail", source=PAUSE_AFTER_FAILURES)
     assert other is not None
     # The unique index holds even against a writer that does not read first.
     with ledger._get_engine().begin() as conn, pytest.raises(sa.exc.IntegrityError):
@@ -193,10 +199,10 @@ def test_one_open_pause_per_task_and_source(ledger: RunLedger) -> None:
                 reason="twice",
             )
         )
-    closed = ledger.resume_task(TASK, by="alice", reason="done", sources=(PAUSE_CLI,))
+    closed, _ = close_pauses(ledger, TASK, by="alice", reason="done", sources=(PAUSE_CLI,))
     assert [p.id for p in closed] == [first.id] and closed[0].end is not None
     assert [p.source for p in open_pauses(ledger, TASK)] == [PAUSE_AFTER_FAILURES]
-    assert ledger.pause_task(TASK, by="bob", reason="next", source=PAUSE_CLI) is not None
+    assert open_pause(ledger, TASK, by="bob", reason="next", source=PAUSE_CLI) is not None
 
 
 def test_latest_finished_is_newest_first(ledger: RunLedger) -> None:

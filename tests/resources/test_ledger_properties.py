@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestration.reclaim import reclaim_expired
+from orchestration.reclaim import decide_reclaim, reclaim_expired
 from resources.core.entry import (
     MAX_DISPATCH_FAILURES,
     MAX_LATE_JOB_REJECTIONS,
@@ -196,7 +196,7 @@ def decide(before: Entry, op: tuple[Any, ...], now: datetime) -> rules.Decision 
     if name == "settle":
         return rules.settle_unretried(before, op[1], kind=op[2], error=f"{op[2]} at {now}", now=now)
     if name in ("reclaim", "reclaim_dry_run"):
-        return rules.reclaim(before, now=now)
+        return decide_reclaim(before, now=now)
     if name == "dispatch_failure":
         return rules.dispatch_failure(before, error="launcher down", now=now)
     if name == "redispatch":

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from orchestration.reclaim import reclaim_expired
 from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_due
 from resources.effects import effect_transaction
 from resources.ledger import LedgerError, RunLedger
@@ -126,7 +127,7 @@ def test_a_worker_of_an_older_release_claims_and_finishes_on_todays_schema(
     assert retry.claimed and retry.entry.attempt == 2
     assert retry.fence is not None and retry.fence.token == retry.entry.claim_generation
     assert today.succeed(e2.id, "new-2", now=D0 + timedelta(minutes=41))
-    (reclaimed,) = today.reclaim_expired(now=D0 + timedelta(hours=1))
+    (reclaimed,) = reclaim_expired(today, now=D0 + timedelta(hours=1))
     assert (reclaimed.id, reclaimed.failure_kind) == (e4.id, FailureKind.LEASE_RECLAIMED)
     after = today.get(e3.id)
     assert after is not None and after.failure_kind == FailureKind.LEASE_RECLAIMED

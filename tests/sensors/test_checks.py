@@ -142,10 +142,9 @@ def test_executing_one_tasks_check_evaluates_that_check_alone(ledger: RunLedger)
 
 def test_every_task_asset_of_the_code_location_has_the_check() -> None:
     # Imported here: the code location's module is loaded only by this test of the file.
-    from orchestration.tasks import TASKS
-
+    from orchestration.declarations import registered_tasks
     from orchestration.definitions import defs
 
-    for spec in TASKS:
+    for spec in registered_tasks():
         key = dg.AssetCheckKey(dg.AssetKey(spec.asset), acc.CHECK_NAME)
         assert key in defs.get_asset_checks_def(key).check_keys

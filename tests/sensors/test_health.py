@@ -172,11 +172,9 @@ def test_an_empty_ledger_is_all_zero_and_audits_nothing(ledger):
 def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str):
     from hook_support import build
 
-    from assets.ledger_health.tasks import ledger_health
-
     due = "2026-11-30T23:00:00Z"
     result = dg.materialize(
-        [build(ledger_health)],
+        [build("ledger_health")],
         resources={"ledger": RunLedger(database_url=ledger_url)},
         instance=dg.DagsterInstance.ephemeral(),
         tags={t.TAG_TASK: "ledger_health", t.TAG_TRIGGER: Trigger.SCHEDULE.value, t.TAG_DUE: due},

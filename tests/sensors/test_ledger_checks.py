@@ -17,12 +17,14 @@ from dagster_graphql.cli import execute_query
 from dagster_internals import daemon_instance, daemon_workspace, run_sensor_tick
 from sensor_support import LedgerEnv, fixture_module, target, utc_now
 
+from orchestration import task_defs
+from orchestration.declarations import registered_tasks
 from orchestration.reclaim import reclaim_leases
 from orchestration.services import ledger_checks as lc
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER
 from orchestration.services.hooks import HookRegistry, Hooks
 from orchestration.services.outcomes import reconcile_events, settle_abandoned_retries
-from orchestration.task_run import task_run
+from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
@@ -43,11 +45,17 @@ VIEWS = build_views([SPEC], 15, "UTC")
 NO_HOOKS = Hooks.of(HookRegistry())
 
 
-@dg.asset(name="checked_task")
+def _fails(context: dg.AssetExecutionContext, run: TaskRun):
+    raise RuntimeError("the source is down")
+    yield  # a generator, like every body
+
+
+@dg.asset(name="checked_task", output_required=False)
 def checked_task(context: dg.AssetExecutionContext, ledger: RunLedger):
     """The task: it claims its entry, then its body fails."""
-    with task_run(context, ledger, SPEC, hooks=NO_HOOKS):
-        raise RuntimeError("the source is down")
+    yield from task_defs.run_task(
+        context, ledger, SPEC, _fails, hooks=NO_HOOKS, tasks=registered_tasks()
+    )
 
 
 def scheduled(due: datetime, **extra: str) -> dict[str, str]:

@@ -38,6 +38,7 @@ from resources.core.due import format_due
 from resources.core.entry import Trigger, dedup_key_for_due
 from resources.core.operators import UI_OPERATOR
 from resources.ledger import RunLedger
+from sensors.outcomes import observed_schedules
 
 SLOT = timedelta(minutes=15)
 SPEC = TaskSpec(
@@ -49,6 +50,11 @@ SPEC = TaskSpec(
 )
 (VIEW,) = build_views([SPEC], 15, "UTC")
 DAY = datetime(2026, 12, 4, tzinfo=UTC)
+
+
+def sync(instance: dg.DagsterInstance, ledger: RunLedger, views, now: datetime) -> list[str]:
+    """What ledger_outcome_sensor does each tick: Dagster's schedule states into the ledger."""
+    return sync_schedules(ledger, views, observed_schedules(instance), now)
 
 
 def at(hh: int, mm: int) -> datetime:
@@ -185,17 +191,22 @@ def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
         with daemon_workspace(instance, target) as ctx:
             # The daemon's first iteration records the schedule as running since then.
             run_scheduler_tick(ctx, first)
-        assert sync_schedules(instance, ledger, views, first + timedelta(minutes=1)) == [
-            "strict_task: schedule strict_task_schedule first seen running"
-        ]
+        assert sync_schedules(
+            ledger, views, observed_schedules(instance), first + timedelta(minutes=1)
+        ) == ["strict_task: schedule strict_task_schedule first seen running"]
         state = schedule_states(ledger)["strict_task"]
         assert (state.status, state.first_started_at) == ("running", first)
-        assert sync_schedules(instance, ledger, views, first + timedelta(minutes=2)) == []
+        assert (
+            sync_schedules(
+                ledger, views, observed_schedules(instance), first + timedelta(minutes=2)
+            )
+            == []
+        )
 
         # The UI's toggle stops it: a pause by dagster-ui, open.
         assert stop_schedules(instance, target) == ["strict_task_schedule"]
         stopped_at = datetime.now(UTC)
-        assert sync_schedules(instance, ledger, views, stopped_at) == [
+        assert sync(instance, ledger, views, stopped_at) == [
             "strict_task: schedule strict_task_schedule stopped: paused"
         ]
         (opened,) = task_pauses(ledger, "strict_task")
@@ -204,9 +215,9 @@ def test_sync_records_the_first_start_a_stop_and_a_restart_of_real_schedules(
 
         # Started again: the pause closes; the first start stays the earliest.
         start_schedules(instance, target, ["strict_task_schedule"])
-        assert sync_schedules(instance, ledger, views, stopped_at + timedelta(minutes=1)) == [
-            "strict_task: schedule strict_task_schedule running again: resumed"
-        ]
+        assert sync_schedules(
+            ledger, views, observed_schedules(instance), stopped_at + timedelta(minutes=1)
+        ) == ["strict_task: schedule strict_task_schedule running again: resumed"]
         (closed,) = task_pauses(ledger, "strict_task")
         assert closed.end == stopped_at + timedelta(minutes=1)
         assert schedule_states(ledger)["strict_task"].first_started_at == first
@@ -220,5 +231,5 @@ def _strict() -> TaskSpec:
 
 def test_sync_ignores_schedules_the_scheduler_has_not_recorded(ledger: RunLedger) -> None:
     with dg.instance_for_test() as instance:
-        assert sync_schedules(instance, ledger, [VIEW], at(13, 0)) == []
+        assert sync(instance, ledger, [VIEW], at(13, 0)) == []
     assert schedule_states(ledger) == {}

@@ -33,8 +33,8 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestration.services.hooks import Hooks
-from orchestration.task_defs import task_jobs_and_schedules
-from orchestration.task_run import task_run
+from orchestration.task_defs import run_task, task_jobs_and_schedules
+from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core.settings import ENV_SOURCE_URL
@@ -169,7 +169,8 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
         pause = random.Random(context.run_id)
         # Some work before the claim, so a random kill can also land before any claim.
         time.sleep(pause.uniform(0.0, 1.0))
-        with task_run(context, ledger, spec, hooks=HOOKS, tasks=SPECS) as run:
+
+        def work(context: dg.AssetExecutionContext, run: TaskRun):
             channel = SoakChannel(source_url=os.environ[ENV_SOURCE_URL], run_id=context.run_id)
             sent = 0
             for number in range(MESSAGES):
@@ -185,6 +186,8 @@ def _asset(spec: TaskSpec) -> dg.AssetsDefinition:
                 )
                 sent += int((out["outcome"] == "sent").sum())
             yield dg.MaterializeResult(metadata={"sent": sent, "attempt": run.entry.attempt})
+
+        yield from run_task(context, ledger, spec, work, hooks=HOOKS, tasks=SPECS)
 
     return _task
 

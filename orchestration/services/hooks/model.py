@@ -322,7 +322,15 @@ class HookRegistry:
 
 #: Where a plugin's imports used to live, before ``orchestration.plugins`` was its one API.
 MOVED_PLUGIN_MODULES: Final = frozenset(
-    {"orchestration.hooks", "orchestration.registry", "orchestration.task_plugins"}
+    {
+        "orchestration.hooks",
+        "orchestration.registry",
+        "orchestration.task_plugins",
+        "orchestration.task_asset",
+        "orchestration.tasks",
+        "orchestration.services.runtime",
+        "orchestration.services.task_plugins",
+    }
 )
 
 
