@@ -60,7 +60,7 @@ from typing import Any, Final
 import yaml
 
 from orchestration.services.hooks import ENV_HOOKS_FILE
-from orchestration.services.hooks.model import cut_text, error_text
+from orchestration.services.hooks.vocabulary import cut_text, error_text
 from orchestration.task_spec import (
     TaskSpec,
     TaskSpecError,

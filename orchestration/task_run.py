@@ -55,7 +55,7 @@ from resources.core.entry import (
 )
 from resources.core.fence import EffectGuard, Fence, FenceLost
 from resources.ledger import Ledger
-from resources.ledger.fence import LedgerGuard
+from resources.ledger.guard import LedgerGuard
 
 #: How often a run waiting for its turn asks again (its waiter mark lives 30 s).
 WAIT_POLL_SECONDS: Final = 2.0

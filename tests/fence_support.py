@@ -13,7 +13,7 @@ from pathlib import Path
 from orchestration.reclaim import reclaim_expired
 from resources.core.entry import Entry, FailureKind, Trigger, dedup_key_for_due
 from resources.ledger import RunLedger
-from resources.ledger.fence import LedgerGuard
+from resources.ledger.guard import LedgerGuard
 
 _DUE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 _TTL = timedelta(minutes=5)

@@ -1,18 +1,24 @@
-"""The layers of docs/architecture.md, read from the code's own imports (no import is run).
+"""The structure of docs/architecture.md, read from the code's own imports (no import is run).
 
-1. core (``resources/core``, and the task declarations ``orchestration/tasks.py``):
-   Dagster-free, imports only the core;
-2. stores and resources (``resources/``): import only the core and each other;
-3. services (``orchestration/services``): ledger operations the CLI, sensors and assets share;
-4. shells: assets, sensors, the Dagster wiring in ``orchestration/``, and the CLI.
+From the bottom up:
+
+1. the vocabulary (``resources/core``): Dagster-free, imports only itself;
+2. the stores (``resources/``): the ledger, the source store, the notifiers; import only
+   ``resources/``;
+3. the scheduling core (``orchestration/``: what a task is, where it is declared, its
+   timetable, the run path, and one module per rule) and the services
+   (``orchestration/services``): load no Dagster at import (the scheduling core), import no
+   shell;
+4. the shells: the tasks' Dagster definitions (``task_defs.py``, ``component.py``,
+   ``checks.py``, ``definitions.py``), the CLI, the sensors, the task bodies in ``assets/``.
 
 Rules: ``resources/`` imports nothing from ``orchestration/``, ``sensors/`` or ``assets/``;
 ``assets/`` and ``sensors/`` never import each other; ``orchestration/`` (its
-``definitions.py`` aside) imports nothing from ``assets/`` or ``sensors/``; services import no
-shell of ``orchestration/`` (the CLI, ``definitions.py``); no import cycle, counting a cycle
-through a package ``__init__`` (``from P import x`` depends on P's ``__init__``); a project
-import inside a function has a comment saying why; ``orchestration/`` holds only the shells at
-its top level; no runtime module is over 550 lines.
+``definitions.py`` aside) imports nothing from ``assets/`` or ``sensors/``; no import cycle,
+counting a cycle through a package ``__init__`` (``from P import x`` depends on P's
+``__init__``); a project import inside a function has a comment saying why; one name per
+concept: two modules share a file name only where one is a shell running the other's concept
+(``sensors/reclaim.py`` runs ``orchestration/reclaim.py``).
 """
 
 from __future__ import annotations
@@ -78,11 +84,16 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _commented(lines: list[str], lineno: int) -> bool:
-    """A trailing comment, or a comment line right above the import's group."""
+    """A trailing comment, or a comment line right above the import's group (a group's
+    imports may span lines: ``from x import (\n    a,\n    b,\n)``)."""
     if "#" in lines[lineno - 1]:
         return True
     above = lineno - 2
-    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+    while above >= 0:
+        text = lines[above].strip()
+        continued = text.endswith((",", "(")) or text == ")"
+        if not (text.startswith(("from ", "import ")) or continued):
+            break
         above -= 1
     return above >= 0 and lines[above].strip().startswith("#")
 
@@ -134,6 +145,34 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
+#: The scheduling core: what a task is and where it is declared, its timetable, the run path,
+#: and one module per rule -- Dagster-free at import, and below every shell.
+SCHEDULING_CORE: tuple[str, ...] = tuple(
+    f"orchestration.{name}"
+    for name in (
+        "task_spec",
+        "timetable",
+        "declarations",
+        "task_run",
+        "overlap",
+        "pause",
+        "retry",
+        "manual_launch",
+        "reclaim",
+        "catch_up",
+        "deadline",
+        "missed_dues",
+    )
+)
+#: The shells of ``orchestration/``: the tasks' Dagster definitions and the CLI.
+SHELLS: tuple[str, ...] = (
+    "orchestration.task_defs",
+    "orchestration.component",
+    "orchestration.checks",
+    "orchestration.definitions",
+    "orchestration.cli",
+)
+
 #: (importer, what it must not import, importers exempt, targets exempt)
 FORBIDDEN: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("resources", "orchestration", (), ()),
@@ -144,8 +183,11 @@ FORBIDDEN: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("sensors", "assets", (), ()),
     ("orchestration", "assets", ("orchestration.definitions",), ()),
     ("orchestration", "sensors", ("orchestration.definitions",), ()),
-    ("orchestration.services", "orchestration.cli", (), ()),
-    ("orchestration.services", "orchestration.definitions", (), ()),
+    *(
+        (layer, shell, (), ())
+        for layer in ("orchestration.services", *SCHEDULING_CORE)
+        for shell in SHELLS
+    ),
 )
 
 
@@ -210,41 +252,35 @@ def _package_parents(found: list[Import]) -> list[Import]:
     return [imp for imp in found if imp.through_init or not _under(imp.source, imp.target)]
 
 
-#: Layer 1: Dagster-free, importing only each other (the task declarations included).
-CORE: tuple[str, ...] = ("resources.core", "orchestration.tasks")
-
-#: What ``orchestration/`` holds at its top level: the shells (Dagster wiring, the CLI, the
-#: plugin API), the task declarations, and the services' own folder.
-ORCHESTRATION_TOP_LEVEL: frozenset[str] = frozenset(
-    {
-        "__init__.py",
-        "catalog.py",
-        "checks.py",
-        "cli",
-        "definitions.py",
-        "factory.py",
-        "plugins.py",
-        "services",
-        "task_asset.py",
-        "tasks.py",
-    }
-)
-
-#: No runtime module grows past this many lines (split it along what it decides).
-MAX_MODULE_LINES = 550
-
-
-def long_modules(root: Path) -> list[str]:
-    """Runtime modules over MAX_MODULE_LINES lines."""
-    return [
-        f"{module} has {count} lines (at most {MAX_MODULE_LINES})"
-        for module, path in _modules(root).items()
-        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    ]
+#: The vocabulary: Dagster-free, importing only itself.
+CORE: tuple[str, ...] = ("resources.core",)
 
 
 def _in_core(module: str) -> bool:
     return any(_under(module, c) for c in CORE)
+
+
+def _dagster_imports(root: Path, modules: tuple[str, ...]) -> list[str]:
+    """Module-level imports of Dagster in ``modules`` (``if TYPE_CHECKING:`` annotations and
+    imports inside functions aside)."""
+    problems = []
+    for module, path in _modules(root).items():
+        if not any(_under(module, m) for m in modules):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            problems += [
+                f"{module}:{node.lineno} imports {name} (Dagster-free)"
+                for name in names
+                if name.split(".")[0] in ("dagster", "dagster_shared")
+            ]
+    return problems
 
 
 def core_violations(root: Path, found: list[Import]) -> list[str]:
@@ -273,6 +309,22 @@ def core_violations(root: Path, found: list[Import]) -> list[str]:
     return problems
 
 
+def shared_names(root: Path) -> list[str]:
+    """File names that two modules use for two concepts. A name may repeat where a shell
+    (``sensors/``, ``orchestration/cli/``) runs the concept its namesake holds, and in the task
+    folders of ``assets/`` (``tasks.py``: the bodies beside each ``defs.yaml``)."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in _modules(root).items():
+        if path.name not in ("__init__.py", "tasks.py"):
+            by_name.setdefault(path.name, []).append(module)
+    problems = []
+    for name, found in sorted(by_name.items()):
+        inner = [m for m in found if not m.startswith(("sensors.", "orchestration.cli."))]
+        if len(inner) > 1:
+            problems.append(f"{name}: {', '.join(sorted(inner))}")
+    return problems
+
+
 def uncommented_local_imports(found: list[Import]) -> list[str]:
     return [
         f"{imp.source}:{imp.line} imports {imp.target} inside a function without a comment"
@@ -288,7 +340,8 @@ def project_imports() -> list[Import]:
 
 def test_the_reader_sees_the_project(project_imports: list[Import]) -> None:
     edges = {(i.source, i.target) for i in project_imports}
-    assert ("resources.ledger.transitions", "resources.core.tags") in edges
+    assert ("resources.ledger.transitions", "resources.core.entry") in edges
+    assert ("orchestration.task_run", "orchestration.overlap") in edges
     assert ("orchestration.definitions", "sensors") in edges
 
 
@@ -310,15 +363,12 @@ def test_imports_inside_functions_say_why(project_imports: list[Import]) -> None
     assert uncommented_local_imports(project_imports) == []
 
 
-def test_no_module_is_over_the_line_limit() -> None:
-    assert long_modules(ROOT) == []
+def test_the_scheduling_core_loads_no_dagster() -> None:
+    assert _dagster_imports(ROOT, SCHEDULING_CORE) == []
 
 
-def test_orchestration_top_level_holds_only_the_shells() -> None:
-    found = {p.name for p in (ROOT / "orchestration").iterdir() if p.name != "__pycache__"}
-    assert found - ORCHESTRATION_TOP_LEVEL == set(), (
-        "a service goes under orchestration/services/, a pure decision under resources/core/"
-    )
+def test_one_name_per_concept() -> None:
+    assert shared_names(ROOT) == []
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -365,7 +415,7 @@ def test_the_checks_catch_an_upward_import_a_cycle_and_a_silent_local_import(
     ]
 
 
-def test_the_checks_catch_a_cycle_through_a_package_init_and_a_long_module(
+def test_the_checks_catch_a_cycle_through_a_package_init_and_a_name_used_twice(
     tmp_path: Path,
 ) -> None:
     # The shape of a cycle the ledger package once had: its __init__ re-exports the resource,
@@ -379,9 +429,11 @@ def test_the_checks_catch_a_cycle_through_a_package_init_and_a_long_module(
             "resources/ledger/migrate.py": "",
             "resources/ledger/model.py": "from resources.ledger.migrate import x\n",
             "assets/__init__.py": "",
-            "assets/big.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+            "assets/model.py": "",
+            "sensors/__init__.py": "",
+            "sensors/migrate.py": "",
         },
     )
     found = _package_parents(list(imports_of(tmp_path)))
     assert cycles(found) == [["resources.ledger", "resources.ledger.resource"]]
-    assert long_modules(tmp_path) == [f"assets.big has {MAX_MODULE_LINES + 1} lines (at most 550)"]
+    assert shared_names(tmp_path) == ["model.py: assets.model, resources.ledger.model"]

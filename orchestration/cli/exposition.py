@@ -1,4 +1,4 @@
-"""The metric model (resources/core/metrics.py) as ``prometheus_client`` metric families, and
+"""The metric model (resources/core/metric_model.py) as ``prometheus_client`` metric families, and
 the custom collector `dueledger metrics serve|write` register: each ``collect()`` is one
 scrape of the ledger (orchestration/services/metrics.py). Imported by those two commands
 only, so the other `dueledger` commands do not load prometheus_client."""
@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from orchestration.declarations import task_views
 from orchestration.services.metrics import MissedDuesMemo, scrape
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core.settings import load_settings
 
 if TYPE_CHECKING:

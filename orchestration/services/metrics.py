@@ -2,9 +2,9 @@
 at scrape time into one :class:`~resources.core.metrics.MetricsSnapshot`.
 
 Every number comes from storage (the ledger's indexed queries in
-``resources/ledger/metrics.py``, Dagster's daemon heartbeats and run records): nothing is
+``resources/ledger/scrape_queries.py``, Dagster's daemon heartbeats and run records): nothing is
 counted in memory, so a restarted exporter reports what the one before it did. The metric
-model (names, types, which number feeds which family) is ``resources/core/metrics.py``; the
+model (names, types, which number feeds which family) is ``resources/core/metric_model.py``; the
 HTTP server and the textfile writer are the CLI's (``orchestration/cli/metrics.py``).
 """
 
@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from orchestration.missed_dues import audit_tasks
-from orchestration.services.hooks.model import EVENTS as HOOK_EVENTS
+from orchestration.services.hooks.vocabulary import EVENTS as HOOK_EVENTS
 from orchestration.services.liveness import DEFAULT_MAX_AGE, scheduler_heartbeat_check
 from orchestration.services.summary import SUMMARY_WINDOW, all_entries, attention_rows
 from orchestration.task_spec import TaskView
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core.due import floor_to_slot
 from resources.core.entry import Entry, Status
 from resources.ledger import Ledger

@@ -9,7 +9,7 @@ stopped after the ledger said the run was over (DESIGN.md rule 1).
 A store that writes a side effect asks an :class:`EffectGuard` to verify the fence as the
 last statement of the effect's own transaction; the guard raises :class:`FenceLost` (the
 transaction then rolls back) and traces the refusal on the entry. The guard that checks the
-real ledger is ``resources/ledger/fence.py``; the transaction helper is
+real ledger is ``resources/ledger/guard.py``; the transaction helper is
 ``resources/effects.py``. Dagster-free, database-free.
 """
 

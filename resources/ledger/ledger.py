@@ -14,8 +14,8 @@ from __future__ import annotations
 import resources.ledger.migrate as migrations
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.engine import Runtime
-from resources.ledger.metrics import LedgerMetricsQueries
 from resources.ledger.queries import LedgerQueries
+from resources.ledger.scrape_queries import LedgerMetricsQueries
 from resources.ledger.transitions import LedgerTransitions
 
 #: How long a statement waits for a lock, by default (milliseconds).

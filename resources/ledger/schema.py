@@ -40,7 +40,7 @@ JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 _SQLITE_SUMMARY = "CASE WHEN json_valid(summary) THEN summary END"
 SQLITE_REJECTED: Final = f"json_array_length({_SQLITE_SUMMARY}, '$.late_job_rejections') > 0"
 PG_REJECTED: Final = "(summary -> 'late_job_rejections') @> '[{}]'::jsonb"
-_FAILED_OUTCOMES = ("error", "timeout", "invalid")  # resources/core/metrics.py, a test checks
+_FAILED_OUTCOMES = ("error", "timeout", "invalid")  # resources/core/metric_model.py, a test checks
 SQLITE_HOOK_FAILED: Final = " OR ".join(
     f"instr(json_extract({_SQLITE_SUMMARY}, '$.hooks'), '\"outcome\":\"{o}\"') > 0"
     for o in _FAILED_OUTCOMES
@@ -111,7 +111,7 @@ entries = sa.Table(
     # index ranges of exactly those rows whatever the ledger's size.
     sa.Index("ix_dueledger_entries_status_due", "status", "due"),
     sa.Index("ix_dueledger_entries_updated_at", "updated_at"),
-    # Migration 0006 (issue 27): the Prometheus scrape (resources/ledger/metrics.py).
+    # Migration 0006 (issue 27): the Prometheus scrape (resources/ledger/scrape_queries.py).
     sa.Index(
         "ix_dueledger_entries_task_status_trigger_kind",
         "task_key",

@@ -119,7 +119,7 @@ def statements_for(dialect: str) -> Statements:
         select_by_id=select_by_id,
         # FOR UPDATE renders nothing on SQLite, where BEGIN IMMEDIATE holds the database lock.
         select_for_update=select_by_id.with_for_update(),
-        # The fence check (resources/ledger/fence.py): FOR SHARE on PostgreSQL, so a reclaim's
+        # The fence check (resources/ledger/guard.py): FOR SHARE on PostgreSQL, so a reclaim's
         # UPDATE of the row waits until the side effect's transaction has committed; nothing
         # on SQLite, where the effect's transaction already holds the database write lock.
         holds=sa.select(entries.c.id)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.cli.exposition import LedgerCollector
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core.entry import Status, Trigger
 from resources.core.settings import PROJECT_ROOT
 

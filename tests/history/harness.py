@@ -63,7 +63,7 @@ from history.history_format import HistoryWriter, stamp
 from orchestration.manual_launch import entry_request_from_tags
 from orchestration.reclaim import reclaim_leases
 from orchestration.retry import is_retry_of_a_dispatch_failure, record_retry
-from orchestration.services.outcomes import reconcile_run
+from orchestration.services.outcomes import RunOutcome, reconcile_run
 from orchestration.services.summary import ledger_summary
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
@@ -72,10 +72,9 @@ from resources.core.entry import Status, Trigger
 from resources.core.errors import Refused
 from resources.core.fence import FenceLost
 from resources.core.operators import Operators
-from resources.core.outcomes import RunOutcome
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger
-from resources.ledger.fence import LedgerGuard
+from resources.ledger.guard import LedgerGuard
 
 
 @dataclass(order=True)

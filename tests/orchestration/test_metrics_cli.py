@@ -30,7 +30,7 @@ from orchestration.services.hooks import Hooks, Listener
 from orchestration.task_defs import run_task
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import require_task
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core import tags as t
 from resources.core.alerting import ENV_WEBHOOK_URL
 from resources.core.due import floor_to_slot, format_due

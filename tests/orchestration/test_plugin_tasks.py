@@ -40,6 +40,8 @@ from orchestration.declarations import (
 from orchestration.manual_launch import EntryRequest
 from orchestration.services import hooks
 from orchestration.services.outcomes import (
+    Action,
+    Reconciled,
     alert_of,
     end_unregistered,
     reconcile_events,
@@ -48,7 +50,6 @@ from orchestration.services.outcomes import (
 from orchestration.task_spec import TaskSpecError, task_run_tags, validate_spec
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_request
-from resources.core.outcomes import Action, Reconciled
 from resources.core.settings import ENV_PLUGIN_TASKS
 from resources.ledger import RunLedger
 

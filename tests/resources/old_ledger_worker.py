@@ -47,7 +47,7 @@ def main(url: str) -> dict[str, Any]:
     )
     try:
         from resources.effects import effect_transaction
-        from resources.ledger.fence import LedgerGuard
+        from resources.ledger.guard import LedgerGuard
     except ImportError:  # before fencing (revision 0002 and older)
         out["fenced_effect"] = "no fencing in this code"
     else:

@@ -26,7 +26,7 @@ from resources.core.entry import FailureKind, Trigger, dedup_key_for_due
 from resources.core.fence import Fence, FenceLost
 from resources.effects import effect_transaction, verify_fence
 from resources.ledger import RunLedger, rules
-from resources.ledger.fence import LedgerGuard, database_identity
+from resources.ledger.guard import LedgerGuard, database_identity
 
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 CLAIMED_AT = DUE + timedelta(seconds=2)

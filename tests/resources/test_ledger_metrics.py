@@ -1,4 +1,4 @@
-"""The ledger's side of a metrics scrape (resources/ledger/metrics.py) on real SQLite and
+"""The ledger's side of a metrics scrape (resources/ledger/scrape_queries.py) on real SQLite and
 PostgreSQL: each number against a ledger written through the ledger's own operations, and
 each query's plan on the index migration 0006 made for it (a partial index is used only when
 the query repeats its predicate word for word)."""
@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 
 from orchestration.reclaim import reclaim_expired
-from orchestration.services.hooks import model as hooks_model
-from resources.core import metrics as m
+from orchestration.services.hooks import vocabulary as hooks_model
+from resources.core import metric_model as m
 from resources.core.entry import (
     FailureKind,
     Status,

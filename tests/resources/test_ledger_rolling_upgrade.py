@@ -36,7 +36,7 @@ from orchestration.reclaim import reclaim_expired
 from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_due
 from resources.effects import effect_transaction
 from resources.ledger import LedgerError, RunLedger
-from resources.ledger.fence import LedgerGuard
+from resources.ledger.guard import LedgerGuard
 from resources.ledger.migrate import migration_head
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The metric model (resources/core/metrics.py): which ledger numbers become which family, of
+"""The metric model (resources/core/metric_model.py): which ledger numbers become which family, of
 which type, with zeros written out; the histogram; the reason words of skipped dues."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core.entry import TRIGGERS, FailureKind, Status, Trigger
 
 INFO = m.TaskInfo("order_cleanup", "every 15 minutes", "strict_current_slot", "queue", "core")

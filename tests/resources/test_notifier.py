@@ -21,7 +21,7 @@ from fence_support import lost_guard, refusals
 from resources.core.fence import FenceLost
 from resources.idempotency import create_domain_schema
 from resources.ledger import RunLedger
-from resources.ledger.fence import LedgerGuard
+from resources.ledger.guard import LedgerGuard
 from resources.notifier import (
     Notifier,
     OutboxNotifier,

@@ -35,6 +35,9 @@ from orchestration.declarations import task_views
 from orchestration.retry import is_retry_of_a_dispatch_failure
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER, RetryState, dagster_retry_state
 from orchestration.services.outcomes import (
+    Action,
+    RunOutcome,
+    decide,
     reconcile_events,
     reconcile_run,
     settle_abandoned_retries,
@@ -44,7 +47,6 @@ from orchestration.timetable import EverySlots
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.instants import utc_now
-from resources.core.outcomes import Action, RunOutcome, decide
 from resources.core.redispatch import (
     plan_redispatch,
     redispatch_interval_seconds,

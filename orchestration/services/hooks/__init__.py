@@ -59,7 +59,17 @@ from orchestration.services.hooks.firing import (
 from orchestration.services.hooks.loading import (
     load_hooks,
 )
-from orchestration.services.hooks.model import (
+from orchestration.services.hooks.records import (
+    HookRecorder,
+    decode_outcomes,
+    encode_outcomes,
+    fire_and_record,
+    record,
+)
+from orchestration.services.hooks.registry import (
+    Hooks,
+)
+from orchestration.services.hooks.vocabulary import (
     AFTER_TASK_CREATE,
     BEFORE_RENEWAL_FIRST_NOTICE,
     BEFORE_TASK_CREATE,
@@ -114,16 +124,6 @@ from orchestration.services.hooks.model import (
     degrade,
     deny,
     listener,
-)
-from orchestration.services.hooks.records import (
-    HookRecorder,
-    decode_outcomes,
-    encode_outcomes,
-    fire_and_record,
-    record,
-)
-from orchestration.services.hooks.registry import (
-    Hooks,
 )
 
 __all__ = [

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from orchestration.services.hooks.firing import Dispatch, fire
-from orchestration.services.hooks.model import (
+from orchestration.services.hooks.records import encode_outcomes
+from orchestration.services.hooks.vocabulary import (
     AFTER_TASK_CREATE,
     BEFORE_TASK_CREATE,
     TAG_HOOKS,
@@ -15,7 +16,6 @@ from orchestration.services.hooks.model import (
     HookLog,
     HookRegistry,
 )
-from orchestration.services.hooks.records import encode_outcomes
 from resources.core import tags as t
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestration.services.hooks.model import (
+from orchestration.services.hooks.vocabulary import (
     BEFORE_TASK_CREATE,
     DEGRADE_ALLOWED_SYSTEM_TAGS,
     GATE_EVENTS,

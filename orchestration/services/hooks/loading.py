@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from orchestration.services.hooks.model import (
+from orchestration.services.hooks.vocabulary import (
     ENTRY_POINT_GROUP,
     ENV_HOOKS_FILE,
     SOURCE_CONFIG,

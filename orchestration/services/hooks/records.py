@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from orchestration.services.hooks.firing import Dispatch, fire
-from orchestration.services.hooks.model import (
+from orchestration.services.hooks.vocabulary import (
     MAX_TAG_HOOKS_OUTCOMES,
     HookContext,
     HookLog,

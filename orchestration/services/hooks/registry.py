@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from orchestration.services.hooks.creation import CreationGate, announce_creation, gate_creation
 from orchestration.services.hooks.firing import Dispatch, fire
 from orchestration.services.hooks.loading import load_hooks
-from orchestration.services.hooks.model import HookContext, HookLog, HookRegistry
 from orchestration.services.hooks.records import HookRecorder, fire_and_record
+from orchestration.services.hooks.vocabulary import HookContext, HookLog, HookRegistry
 
 
 class Hooks:

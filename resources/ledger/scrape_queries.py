@@ -1,7 +1,7 @@
 """The ledger's side of a Prometheus scrape: each number one indexed query (migration 0006).
 
 Read-only, one autocommit connection per call. What the numbers mean, and which metric each
-feeds, is in ``resources/core/metrics.py``; ``orchestration/services/metrics.py`` puts them
+feeds, is in ``resources/core/metric_model.py``; ``orchestration/services/metrics.py`` puts them
 together at scrape time. Cost on 1,000,000 entries: bench/metrics_scrape.py.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Final, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from resources.core import metrics as m
+from resources.core import metric_model as m
 from resources.core.alerting import DELIVERY_FAILED
 from resources.core.due import parse_due
 from resources.core.entry import Origin, Status
