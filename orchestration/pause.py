@@ -210,7 +210,7 @@ def tick_skip_reason(ledger: Ledger, task_key: str, due: Due) -> str | None:
     )
 
 
-def skip_paused_due(ledger: Ledger, entry: Entry) -> Entry | None:
+def skip_paused_due(ledger: Ledger, entry: Entry, now: datetime | None = None) -> Entry | None:
     """At a run's claim: a fresh due entry whose due lies in a pause of its task ends
     ``skipped`` with the pause's reason; returns it so (None: not paused, claim it)."""
     if entry.origin != Origin.DUE or entry.due is None:
@@ -220,7 +220,7 @@ def skip_paused_due(ledger: Ledger, entry: Entry) -> Entry | None:
     pause = pause_at(task_pauses(ledger, entry.task_key), entry.due)
     if pause is None:
         return None
-    return ledger.skip_entry(entry.id, reason=pause.skip_reason)
+    return ledger.skip_entry(entry.id, reason=pause.skip_reason, now=now)
 
 
 def record_paused_dues(

@@ -838,6 +838,7 @@ def reexecution_request(
     run_id: str,
     tags: Mapping[str, str],
     parent_tags: Callable[[str], Mapping[str, str] | None],
+    now: datetime | None = None,
 ) -> Reexecution:
     """Rule 4 at claim time, before any side effect: the request to claim, or the refusal.
 
@@ -852,13 +853,13 @@ def reexecution_request(
     tags = task_tags(tags, spec)
     parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
     if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
-        return _recorded_retry_only(ledger, request, run_id)
+        return _recorded_retry_only(ledger, request, run_id, now)
     found = parent_tags(parent_run_id)
     parent_request = ui_reexecution_parent(
         tags, task_tags(found, spec) if found is not None else None
     )
     if parent_request is None:
-        return _recorded_retry_only(ledger, request, run_id)
+        return _recorded_retry_only(ledger, request, run_id, now)
     outcome = retry_for_ui_reexecution(
         ledger,
         task_key=parent_request.task_key,
@@ -866,12 +867,14 @@ def reexecution_request(
         run_id=run_id,
         parent_run_id=parent_run_id,
         spec=spec,
+        now=now,
     )
     if not outcome.allowed:
         return Reexecution(request, outcome)
     child = outcome.entry
     if child is None:  # the parent run never reached the ledger: this is its first attempt
-        return replace(_recorded_retry_only(ledger, parent_request, run_id), note=outcome.message)
+        first = _recorded_retry_only(ledger, parent_request, run_id, now)
+        return replace(first, note=outcome.message)
     assert child.parent_id is not None
     retry_tags = {
         t.TAG_TRIGGER: Trigger.MANUAL_RETRY.value,
@@ -882,7 +885,9 @@ def reexecution_request(
     return Reexecution(EntryRequest.of_entry(child), retry_tags=retry_tags, note=outcome.message)
 
 
-def _recorded_retry_only(ledger: Ledger, request: EntryRequest, run_id: str) -> Reexecution:
+def _recorded_retry_only(
+    ledger: Ledger, request: EntryRequest, run_id: str, now: datetime | None
+) -> Reexecution:
     """A ``manual_retry`` run claims the child its retry recorded; it never creates one."""
     if request.trigger != Trigger.MANUAL_RETRY or request.parent_id is None:
         return Reexecution(request)
@@ -892,6 +897,7 @@ def _recorded_retry_only(ledger: Ledger, request: EntryRequest, run_id: str) -> 
         parent_id=request.parent_id,
         run_id=run_id,
         operator=request.operator,
+        now=now,
     )
     return Reexecution(request, refusal, fatal=refusal is not None and refusal.entry is None)
 
@@ -906,6 +912,7 @@ def settle_parent_of_automatic_retry(
     run_id: str,
     tags: Mapping[str, str],
     ended_ancestor: Callable[[str], str | None],
+    now: datetime | None = None,
 ) -> Entry:
     """Ledger rule 2 for Dagster's automatic retries.
 
@@ -934,11 +941,12 @@ def settle_parent_of_automatic_retry(
             f"recording its outcome; its automatic retry {run_id} takes over"
         ),
         kind=kind,
+        now=now,
     )
 
 
 def resume_dispatch_failed_entry(
-    ledger: Ledger, entry: Entry, tags: Mapping[str, str]
+    ledger: Ledger, entry: Entry, tags: Mapping[str, str], now: datetime | None = None
 ) -> tuple[Entry, str | None]:
     """Ledger rule 5 for Dagster's automatic retries: the entry, and what was done (for the
     run's log; None: nothing).
@@ -953,7 +961,7 @@ def resume_dispatch_failed_entry(
     if not is_retry_of_a_dispatch_failure(tags, entry):
         return entry, None
     said = None
-    if ledger.redispatch(entry.id):
+    if ledger.redispatch(entry.id, now=now):
         said = (
             f"entry {entry.id} {entry.label}: dispatch_failed -> queued; Dagster's retry of "
             f"run {tags.get(t.DAGSTER_PARENT_RUN_ID)}, which ended before claiming, claims it"

@@ -215,6 +215,9 @@ class DagsterRunFacts:
             return None
         return FailureKind.TIMEOUT if run_timed_out(owner, "") else FailureKind.ERROR
 
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
     def as_of_without_due(self) -> datetime:
         """When its root run was created, but never after the end of its time partition's
         window: a daily backfill of 2026-11-30 computes what was due by 2026-12-01T00:00Z,

@@ -81,6 +81,9 @@ class RunFacts(Protocol):
     def as_of_without_due(self) -> datetime:
         """When a run without a due computes "as of" (see :func:`run_as_of`)."""
 
+    def now(self) -> datetime:
+        """The run's clock (the wall clock; the history harness's simulated one)."""
+
 
 @dataclass(frozen=True)
 class TaskRun:
@@ -198,19 +201,26 @@ def prepare(
     if not task_is_registered(request.task_key, spec, tasks):
         return Unsupported(request)
     rule4 = reexecution_request(
-        ledger, spec, request, run_id=run_id, tags=tags, parent_tags=facts.parent_tags
+        ledger,
+        spec,
+        request,
+        run_id=run_id,
+        tags=tags,
+        parent_tags=facts.parent_tags,
+        now=facts.now(),
     )
     if rule4.fatal:
         assert rule4.refusal is not None
         return Fatal(rule4.refusal.message)
     notes: list[str] = []
     if rule4.refusal is not None:
-        return unclaimed(ledger, rule4.refusal.message, rule4.refusal.entry, rule4.request, run_id)
+        refusal = rule4.refusal
+        return unclaimed(ledger, refusal.message, refusal.entry, rule4.request, facts)
     request = rule4.request
     notes += [rule4.note] if rule4.note else []
     unissued = unissued_launch(spec, request, tags)
     if unissued is not None:
-        return unclaimed(ledger, unissued, None, request, run_id)
+        return unclaimed(ledger, unissued, None, request, facts)
     entry = ledger.ensure_entry(
         task_key=request.task_key,
         trigger=request.trigger,
@@ -220,16 +230,22 @@ def prepare(
         operator=request.operator,
         reason=request.reason,
         parent_id=request.parent_id,
+        now=facts.now(),
     )
     entry = settle_parent_of_automatic_retry(
-        ledger, entry, run_id=run_id, tags=tags, ended_ancestor=facts.ended_ancestor
+        ledger,
+        entry,
+        run_id=run_id,
+        tags=tags,
+        ended_ancestor=facts.ended_ancestor,
+        now=facts.now(),
     )
-    entry, resumed = resume_dispatch_failed_entry(ledger, entry, tags)
+    entry, resumed = resume_dispatch_failed_entry(ledger, entry, tags, facts.now())
     notes += [resumed] if resumed else []
-    skipped = skip_paused_due(ledger, entry)
+    skipped = skip_paused_due(ledger, entry, facts.now())
     if skipped is not None and skipped.status == Status.SKIPPED:
         reason = skipped.error or "paused"
-        return unclaimed(ledger, reason, skipped, request, run_id, outcome=t.OUTCOME_SKIPPED)
+        return unclaimed(ledger, reason, skipped, request, facts, t.OUTCOME_SKIPPED)
     as_of = run_as_of(request, facts)
     return Prepared(request, entry, as_of, rule4.retry_tags, tuple(notes))
 
@@ -248,36 +264,35 @@ def claim(
             policy=spec.overlap_policy,
             lease_ttl=spec.lease_ttl,
             wait_turn=waits_its_turn(entry),
+            now=facts.now(),
         )
         action = found.decision.action
         if action is OverlapAction.WAIT:
             return Waiting(found.decision.reason, found.entry)
         if action is OverlapAction.SKIP:
             return unclaimed(
-                ledger, found.decision.reason, found.entry, request, run_id, t.OUTCOME_SKIPPED
+                ledger, found.decision.reason, found.entry, request, facts, t.OUTCOME_SKIPPED
             )
         assert found.claim is not None  # CLAIM and REPLACE claim (or refuse, as a claim does)
         result, replaced = found.claim, found.replaced
     else:
-        result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl)
+        result = ledger.claim(entry.id, run_id, lease_ttl=spec.lease_ttl, now=facts.now())
     if not result.claimed and result.entry.status == Status.DISPATCH_FAILED:
         # The outcome sensor recorded the parent's dispatch failure between our read and
         # the claim: resume once more.
-        resumed, _ = resume_dispatch_failed_entry(ledger, result.entry, facts.tags)
+        resumed, _ = resume_dispatch_failed_entry(ledger, result.entry, facts.tags, facts.now())
         if resumed.status == Status.QUEUED:
-            result = ledger.claim(resumed.id, run_id, lease_ttl=spec.lease_ttl)
+            result = ledger.claim(resumed.id, run_id, lease_ttl=spec.lease_ttl, now=facts.now())
     if not result.claimed:
         reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
         outcome = t.OUTCOME_SKIPPED if result.entry.status == Status.SKIPPED else None
-        return unclaimed(
-            ledger, reason, result.entry, request, run_id, outcome or t.OUTCOME_REFUSED
-        )
+        return unclaimed(ledger, reason, result.entry, request, facts, outcome or t.OUTCOME_REFUSED)
     if result.reentrant:
         message = (
             f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds it "
             f"in another process; this process does nothing (a second worker of one run)"
         )
-        ledger.reject(entry.id, run_id, reason=message)
+        ledger.reject(entry.id, run_id, reason=message, now=facts.now())
         return SecondWorker(message)
     fence = result.fence
     assert fence is not None  # a claimed result names its owner
@@ -303,7 +318,7 @@ def unclaimed(
     message: str,
     entry: Entry | None,
     request: EntryRequest,
-    run_id: str,
+    facts: RunFacts,
     outcome: str = t.OUTCOME_REFUSED,
 ) -> Unclaimed:
     """A run the ledger does not let act: audited once (action ``run_refused`` or
@@ -314,8 +329,13 @@ def unclaimed(
         action=_ACTIONS[outcome],
         entry_id=entry.id if entry is not None else None,
         reason=None,
-        checks={"run_id": run_id, "task_key": request.task_key, "dedup_key": request.dedup_key},
+        checks={
+            "run_id": facts.run_id,
+            "task_key": request.task_key,
+            "dedup_key": request.dedup_key,
+        },
         outcome=f"{outcome}: {message}",
+        now=facts.now(),
     )
     run_tags = {t.TAG_OUTCOME: outcome}
     if entry is not None:
@@ -337,7 +357,14 @@ class Failed:
     settled: bool
 
 
-def fail(ledger: Ledger, claimed: Claimed, exc: BaseException, *, retry_coming: bool) -> Failed:
+def fail(
+    ledger: Ledger,
+    claimed: Claimed,
+    exc: BaseException,
+    *,
+    retry_coming: bool,
+    now: datetime | None = None,
+) -> Failed:
     """The body raised: record the attempt (``retrying`` only while a retry will really come,
     else ``failed``). A :class:`FenceLost` is not this run's failure to record: the entry moved
     on without it (reclaimed while it was paused), and no retry could claim it."""
@@ -345,18 +372,20 @@ def fail(ledger: Ledger, claimed: Claimed, exc: BaseException, *, retry_coming: 
     if isinstance(exc, FenceLost):
         return Failed(str(exc), exc.state, None, settled=True)
     error = f"{type(exc).__name__}: {exc}"
-    after = ledger.fail(entry.id, run_id, error=error, retry_coming=retry_coming)
+    after = ledger.fail(entry.id, run_id, error=error, retry_coming=retry_coming, now=now)
     return Failed(error, after.status, after.failure_kind, settled=after.is_terminal)
 
 
-def succeed(ledger: Ledger, claimed: Claimed, *, lease_lost: bool) -> str | None:
+def succeed(
+    ledger: Ledger, claimed: Claimed, *, lease_lost: bool, now: datetime | None = None
+) -> str | None:
     """Record the success; None when recorded, else why the completion was rejected (the work
     was done, but the entry moved on: nothing will re-run it)."""
     entry, request = claimed.run.entry, claimed.request
-    if ledger.succeed(entry.id, claimed.fence.run_id):
+    if ledger.succeed(entry.id, claimed.fence.run_id, now=now):
         return None
-    now = ledger.get(entry.id)
-    state = now.status if now else "unknown"
+    after = ledger.get(entry.id)
+    state = after.status if after else "unknown"
     return (
         f"entry {entry.id} {entry.task_key} {request.dedup_key}: completion rejected, the entry "
         f"is {state} (lease lost: {lease_lost}); the work was done but is not recorded as "

@@ -1,14 +1,17 @@
 """The in-process fault harness: thousands of dues with injected faults against the real ledger.
 
 A discrete-event simulation on a virtual clock (so 10,000 dues take seconds, not hours), whose
-every step is a call into the real code: the ledger (``RunLedger`` on real SQLite or
-PostgreSQL), the fenced effect transaction (``resources.effects`` with ``LedgerGuard``), the
-outcome reconciler of ``ledger_outcome_sensor``
-(``orchestration.services.outcomes.reconcile_run``), the lease reclaim
-(``orchestration.services.reclaim``), the manual retry (``orchestration.services.retry``), the
-run-to-entry mapping (``resources.core.requests``) and ``summary`` (``ledger_summary``). Only
-Dagster itself is played by the simulation: which runs exist, when they start, die, are
-detected dead and retried.
+every step is a call into the real code: each run walks the claim path every task asset walks
+(``orchestration.task_run``: the entry its tags name, the UI re-execution and manual-launch
+rules, a dead chain member's attempt settled and a dispatch failure resumed by Dagster's
+retry, the task's pauses and overlap policy, the claim) and ends through its ``succeed`` and
+``fail``; the ledger (``RunLedger`` on real SQLite or PostgreSQL), the fenced effect
+transaction (``resources.effects`` with the claim's guard), the outcome reconciler of
+``ledger_outcome_sensor`` (``orchestration.services.outcomes.reconcile_run``), the lease
+reclaim (``orchestration.reclaim``), the manual retry (``orchestration.retry``) and
+``summary`` (``ledger_summary``). Only Dagster itself is played by the simulation
+(:class:`SimulatedRun`, the claim path's ``RunFacts``): which runs exist, when they start,
+die, are detected dead and retried.
 
 Per due, one scheduled run, and with the configured rates:
 
@@ -62,9 +65,21 @@ from history.history_format import HistoryWriter, stamp
 
 from orchestration.manual_launch import entry_request_from_tags
 from orchestration.reclaim import reclaim_leases
-from orchestration.retry import is_retry_of_a_dispatch_failure, record_retry
+from orchestration.retry import record_retry
 from orchestration.services.outcomes import RunOutcome, reconcile_run
 from orchestration.services.summary import ledger_summary
+from orchestration.task_run import (
+    WAIT_POLL_SECONDS,
+    Claimed,
+    Prepared,
+    SecondWorker,
+    Unclaimed,
+    Waiting,
+    claim,
+    fail,
+    prepare,
+    succeed,
+)
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
 from resources.core import tags as t
@@ -74,7 +89,38 @@ from resources.core.fence import FenceLost
 from resources.core.operators import Operators
 from resources.effects import effect_transaction
 from resources.ledger import RunLedger
-from resources.ledger.guard import LedgerGuard
+
+
+class SimulatedRun:
+    """What the simulated Dagster knows of one run: the claim path's ``RunFacts``."""
+
+    def __init__(self, harness: Harness, run: Run) -> None:
+        self.harness, self.run = harness, run
+        self.run_id = run.run_id
+        self.tags = run.tags
+
+    def parent_tags(self, run_id: str) -> dict[str, str] | None:
+        found = self.harness.run_by_id(run_id)
+        return found.tags if found is not None else None
+
+    def ended_ancestor(self, run_id: str) -> str | None:
+        """``error`` when ``run_id`` is an ancestor of this run (its chain of automatic
+        retries) that ended FAILURE, as Dagster's run records say."""
+        ancestor = self.tags.get(t.DAGSTER_PARENT_RUN_ID)
+        while ancestor:
+            found = self.harness.run_by_id(ancestor)
+            if found is None or found.status != "FAILURE":
+                return None
+            if ancestor == run_id:
+                return "error"
+            ancestor = found.tags.get(t.DAGSTER_PARENT_RUN_ID)
+        return None
+
+    def as_of_without_due(self) -> datetime:
+        return self.run.due
+
+    def now(self) -> datetime:
+        return self.harness.now(self.run.skew)
 
 
 @dataclass(order=True)
@@ -107,6 +153,7 @@ class Harness:
         self.seq = itertools.count()
         self.ids = itertools.count(1)
         self.runs: list[Run] = []
+        self.by_id: dict[str, Run] = {}
         self.reclaiming = False
 
     # --- time and events --------------------------------------------------------------
@@ -146,6 +193,7 @@ class Harness:
         run = Run(run_id, task, due, tags, fault, skew, worker=f"harness:{run_id}")
         run.retry_number = int(tags.get(t.DAGSTER_RETRY_NUMBER, "0"))
         self.runs.append(run)
+        self.by_id[run_id] = run
         if fault:
             self.write("fault", kind=fault, target=run_id)
         if abs(skew) > 0:
@@ -166,6 +214,9 @@ class Harness:
         if not claimed or self.rng.random() >= self.config.rates.undetected_death:
             will_retry = claimed and run.retry_number < self.config.max_attempts - 1
             self.at(self.rng.uniform(5.0, 15.0), lambda: self.detected(run, will_retry))
+
+    def run_by_id(self, run_id: str) -> Run | None:
+        return self.by_id.get(run_id)
 
     def ledger_run_ids(self, run: Run) -> tuple[str, ...]:
         request = entry_request_from_tags(run.tags, run.run_id)
@@ -230,41 +281,37 @@ class Harness:
     # --- the worker ---------------------------------------------------------------------
 
     def worker(self, run: Run) -> Iterator[float]:
+        """One run as a task asset runs it: the real claim path, then the work."""
         ledger, ttl = self.ledger, self.config.lease_ttl
         spec = next(s for s in self.specs if s.key == run.task)
-
-        def now() -> datetime:
-            return self.now(run.skew)
+        facts = SimulatedRun(self, run)
 
         if run.fault == "kill_before_claim":
             self.kill(run)
             return
-        request = entry_request_from_tags(run.tags, run.run_id)
-        entry = ledger.ensure_entry(
-            task_key=request.task_key,
-            trigger=request.trigger,
-            dedup_key=request.dedup_key,
-            due=request.due,
-            max_attempts=spec.max_attempts,
-            operator=request.operator,
-            reason=request.reason,
-            parent_id=request.parent_id,
-            now=now(),
-        )
-        entry = self.take_over(run, entry)
+        before = self._entry_of(run)
+        prepared = prepare(ledger, spec, self.specs, facts)
+        self._released(before, self._entry_of(run), "fail")  # a dead chain member settled
         yield self.rng.uniform(0.0, 1.0)
-        result = ledger.claim(entry.id, run.run_id, lease_ttl=ttl, now=now())
-        if not result.claimed:
-            self.write("claim_refused", entry_id=entry.id, run_id=run.run_id, reason=result.reason)
+        found: Prepared | Claimed | Unclaimed | Waiting | SecondWorker | object = prepared
+        if isinstance(prepared, Prepared):
+            found = claim(ledger, spec, prepared, facts)
+            while isinstance(found, Waiting):  # an overlap policy's wait, in virtual time
+                yield WAIT_POLL_SECONDS
+                found = claim(ledger, spec, prepared, facts)
+        if not isinstance(found, Claimed):
+            reason = getattr(found, "message", str(found))
+            entry = getattr(found, "entry", None)
+            entry_id = entry.id if entry is not None else None
+            self.write("claim_refused", entry_id=entry_id, run_id=run.run_id, reason=reason)
             run.outcome = t.OUTCOME_REFUSED
             self.end(run, "SUCCESS")
             return
-        fence = result.fence
-        assert fence is not None
+        claimed = found
+        entry, fence = claimed.run.entry, claimed.fence
         self.write(
             "claim", entry_id=entry.id, run_id=run.run_id, token=fence.token, worker=run.worker
         )
-        guard = LedgerGuard(ledger, fence)
         beat = {"last": self.clock}
 
         def work(seconds: float) -> Iterator[float]:
@@ -276,7 +323,7 @@ class Harness:
                 yield step
                 seconds -= step
                 if self.clock - beat["last"] >= interval - 0.001:
-                    ok = ledger.heartbeat(entry.id, run.run_id, lease_ttl=ttl, now=now())
+                    ok = ledger.heartbeat(entry.id, run.run_id, lease_ttl=ttl, now=facts.now())
                     beat["last"] = self.clock
                     self.write(
                         "heartbeat", entry_id=entry.id, run_id=run.run_id, token=fence.token, ok=ok
@@ -292,60 +339,47 @@ class Harness:
             beat["last"] = self.clock - ttl.total_seconds()  # it beats at once on waking
             yield from work(0.1)
         if run.fault == "error_before_effects":
-            self.fail(run, entry.id, "error before any effect")
+            self.fail(run, claimed, RuntimeError("error before any effect"))
             return
         for number in range(self.config.effects_per_due):
             yield from work(self.rng.uniform(1.0, 25.0))
             if run.fault == "kill_between_effects" and number == 1:
                 self.kill(run)
                 return
-            if not self.effect(run, guard, entry.id, f"notify-{number}", fence.token):
+            if not self.effect(run, claimed, f"notify-{number}"):
                 self.end(run, "FAILURE")  # FenceLost fails the run, without a retry
                 return
         if run.fault == "kill_after_effects":
             self.kill(run)
             return
         if run.fault == "error_after_effects":
-            self.fail(run, entry.id, "error after the effects")
+            self.fail(run, claimed, RuntimeError("error after the effects"))
             return
         before = ledger.get(entry.id)
-        if ledger.succeed(entry.id, run.run_id, now=now()):
+        if succeed(ledger, claimed, lease_lost=False, now=facts.now()) is None:
             self._released(before, ledger.get(entry.id), "success")
             self.end(run, "SUCCESS")
         else:
             self.end(run, "FAILURE")  # completion rejected: the entry moved on
 
-    def take_over(self, run: Run, entry: Any) -> Any:
-        """What ``orchestration.services.runtime`` does first in a Dagster retry: take over from the
-        dead lease owner of its chain, or resume the dispatch_failed entry its parent left."""
-        if t.DAGSTER_RETRY_NUMBER not in run.tags:
-            return entry
-        if entry.status == Status.RUNNING and entry.lease_owner:
-            owner = next((r for r in self.runs if r.run_id == entry.lease_owner), None)
-            if owner is not None and owner.status == "FAILURE":
-                after = self.ledger.fail(
-                    entry.id,
-                    entry.lease_owner,
-                    error="owner died; retry takes over",
-                    now=self.now(),
-                )
-                self._released(entry, after, "fail")
-                return after
-        if is_retry_of_a_dispatch_failure(run.tags, entry):
-            self.ledger.redispatch(entry.id, now=self.now())
-            return self.ledger.get(entry.id) or entry
-        return entry
+    def _entry_of(self, run: Run) -> Any:
+        request = entry_request_from_tags(run.tags, run.run_id)
+        return self.ledger.find(request.task_key, request.dedup_key)
 
-    def fail(self, run: Run, entry_id: int, error: str) -> None:
+    def fail(self, run: Run, claimed: Claimed, error: BaseException) -> None:
+        """The body raised: the claim path records the attempt; Dagster retries while the
+        run's retry budget lasts (the simulation's ``dagster/max_retries``)."""
+        entry_id = claimed.run.entry.id
         before = self.ledger.get(entry_id)
-        after = self.ledger.fail(entry_id, run.run_id, error=error, now=self.now(run.skew))
-        self._released(before, after, "fail")
-        retry = after.status == Status.RETRYING
-        self.end(run, "FAILURE", will_retry=retry)
+        coming = run.retry_number < self.config.max_attempts - 1
+        failed = fail(self.ledger, claimed, error, retry_coming=coming, now=self.now(run.skew))
+        self._released(before, self.ledger.get(entry_id), "fail")
+        self.end(run, "FAILURE", will_retry=failed.status == Status.RETRYING)
 
-    def effect(self, run: Run, guard: LedgerGuard, entry_id: int, name: str, token: int) -> bool:
+    def effect(self, run: Run, claimed: Claimed, name: str) -> bool:
         """One side effect in its fenced transaction, keyed like the domain's effects."""
         due = _due(run.due)
+        guard, entry_id, token = claimed.run.guard, claimed.run.entry.id, claimed.fence.token
         try:
             with effect_transaction(self.effects, guard, name) as conn:
                 if insert_ignoring_conflict(
