@@ -63,7 +63,7 @@ BUDGET_MARGIN = 3.0  # warm-up cycles include ensure_entry (about a cycle's cost
 TOP_UP = 100  # entries made with the worker's clock stopped if it runs out
 BARRIER_TIMEOUT_S = 600
 TASK_KEY = "bench_task"
-#: Issue 16: the ledger's cycle within 10 % of the same statements written by hand.
+#: Target: the ledger's cycle within 10 % of the same statements written by hand.
 TARGET_RATIO = 0.9
 
 # The baseline: what a careful hand-written implementation sends, one statement per step.

@@ -27,7 +27,7 @@ What it does, in one run, per backend (SQLite file, throwaway PostgreSQL):
 5. Checks the scrape against what was generated (entries per status, refused runs, hook
    failures, deliveries): exit 1 when a number is off.
 
-Target (issue 27): a scrape of 1,000,000 entries in under 200 ms (median of the repeats).
+Target: a scrape of 1,000,000 entries in under 200 ms (median of the repeats).
 The gap audit costs about the same at any ledger size (the tasks' crons over 24 hours, two
 Dagster run queries per task), so it is timed apart.
 """

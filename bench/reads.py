@@ -2,12 +2,12 @@
 
     uv run --frozen python bench/reads.py [--entries N] [--rounds R] [--json PATH]
 
-Issue 23 (item 6): the read commands of the CLI (`runs list`, `runs show`, `summary`,
+Targets: the read commands of the CLI (`runs list`, `runs show`, `summary`,
 `tasks`, `alerts`) load only the core and the store, not Dagster -- a cold `dueledger runs
 list --json` in at most 0.4 s of CPU on this machine -- and ``ledger_health`` materializes in
 at most 5 s with 100,000 ledger entries.
 
-1. A SQLite ledger of ``--entries`` entries (default 10,000; the issue's size is 100,000):
+1. A SQLite ledger of ``--entries`` entries (default 10,000; the target's size is 100,000):
    every registered task's scheduled dues, slot after slot back from now, as the scheduler
    would have left them (mostly success, some failed).
 2. **Cold commands**: each read command as a new process (the console script), its CPU (user

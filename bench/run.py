@@ -24,7 +24,7 @@ script merges them:
 - ``scale``: ``bench/scale.py`` -- N = 10, 100, 500 generated tasks against plain Dagster
   with as many jobs and cron schedules: load, scheduling per due, ``dagster dev`` CPU over
   slot boundaries, due -> start latency, stored rows per day, drain, the ledger sensors'
-  tick on 10,000 and 100,000 entries (issue 25's targets).
+  tick on 10,000 and 100,000 entries (the target sizes).
 - ``run_parts``: ``bench/run_parts.py`` -- a task run's CPU part by part (import Dagster,
   open the instance, load the location, resolve the job, execute) vs a one-asset run.
 - ``metrics``: ``bench/metrics_scrape.py`` -- one Prometheus scrape of `dueledger metrics
@@ -34,7 +34,7 @@ script merges them:
   and ``sqlite3``, none importing Dagster (target: `runs list` <= 0.4 s CPU), and
   ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries).
 
-Default sizes are small (a few minutes); ``--full`` uses the issue's sizes (1,000,000
+Default sizes are small (a few minutes); ``--full`` uses the target sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
 goes to stdout (``--markdown``: as Markdown, as pasted into docs/performance.md); progress
 goes to stderr, and each bench's own output (with its detailed tables and plans) to a log
@@ -419,7 +419,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench(
         "claims",
         "ledger_claims.py",
-        # Issue 16's target is at 1, 4 and 8 workers; two rounds so each side goes first once.
+        # The target is at 1, 4 and 8 workers; two rounds so each side goes first once.
         ("--seconds", "2", "--workers", "1,4,8", "--rounds", "2"),
         ("--workers", "1,4,8"),
     ),
@@ -456,7 +456,7 @@ BENCHES: tuple[Bench, ...] = (
         ("--repeat", "2", "--tasks", "tick_every_slot,order_cleanup"),
         ("--repeat", "3", "--tasks", "all"),
     ),
-    # Issue 25: N generated tasks against plain Dagster at the same N. Small: what CI runs
+    # N generated tasks against plain Dagster at the same N. Small: what CI runs
     # (tests/bench/test_bench_scale.py), a few minutes; full: N = 10, 100, 500, 10-minute
     # dagster dev windows on 5-minute slots, 40-run drains, 10,000/100,000-entry ledgers.
     Bench(
@@ -472,7 +472,7 @@ BENCHES: tuple[Bench, ...] = (
             *("--settle", "30", "--drain-runs", "40", "--ledger-sizes", "10000,100000"),
         ),
     ),
-    # Where a task run's CPU goes, part by part, against a one-asset run (issue 25, item 4).
+    # Where a task run's CPU goes, part by part, against a one-asset run.
     Bench("run_parts", "run_parts.py", ("--repeat", "3"), ("--repeat", "5")),
     Bench(
         "metrics",
@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     names = [b.name for b in BENCHES]
     parser.add_argument("--only", default=",".join(names), help=f"comma-separated: {names}")
-    parser.add_argument("--full", action="store_true", help="the issue's sizes (long)")
+    parser.add_argument("--full", action="store_true", help="the full target sizes (long)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--out", help="directory for each bench's log and JSON (default: new)")
     parser.add_argument("--fail-on-miss", action="store_true", help="exit 3 on a missed target")

@@ -21,12 +21,12 @@ resident set, ``ru_maxrss``):
   throwaway SQLite ledger and work on generated sample data (``dueledger sample-data``,
   ``--services``) in a throwaway SQLite source store. One untimed run per side first creates
   the storages (and migrates the ledger), so the timed runs are those of a running
-  installation. A run without trigger tags is a manual launch (DESIGN "Attribution"): each
+  installation. A run without trigger tags is a manual launch: each
   claims a new entry, and later runs find less work left (orders already cancelled, ...).
 
 Each repeat measures both sides back to back, alternating which goes first. Reported: the
 medians of each side and the ratio dueledger / bare -- the median of the paired ratios.
-Targets: load <= 1.30 (both kinds), one run <= 1.15 (issue 16); a miss shows as
+Targets: load <= 1.30 (both kinds), one run <= 1.15; a miss shows as
 ``met: false`` and does not change the exit status. Check: every run ended RUN_SUCCESS
 (exit 1 otherwise).
 """
@@ -146,7 +146,7 @@ _SCHEDULED_DUES = itertools.count()
 
 def job_tags(task_key: str) -> str | None:
     """A daily-partitioned task's run names its partition (today, UTC). A task that is not
-    manually triggerable runs only as its schedule launches it (issue 23): such a run gets
+    manually triggerable runs only as its schedule launches it: such a run gets
     the tags its schedule gives, each with a due of its own (an older one each time)."""
     spec = next(s for s in registered_tasks() if s.key == task_key)
     tags: dict[str, str] = {}
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             led, base = paired(
                 args.repeat,
                 i,
-                # New tags for every run: a scheduled run's due is used once (issue 23).
+                # New tags for every run: a scheduled run's due is used once.
                 lambda job=spec.job_name, key=key: dueledger.run(job, job_tags(key)),
                 partial(bare.run, BARE_JOB),
             )

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def tags(name: str) -> dict[str, str]:
         # A task that is not manually triggerable runs as its schedule launches it, a due of
-        # its own each time (issue 23: by hand, the ledger refuses it before its body).
+        # its own each time (by hand, the ledger refuses it before its body).
         found = job_tags(spec.key) if name == "dueledger" else None
         return json.loads(found) if found else {}
 

@@ -66,7 +66,7 @@ AREA = "scale"
 PARTS = ("load", "scheduling", "session", "drain", "sensors")
 LOAD_TARGET, IDLE_TARGET, SCHED_TARGET, LATENCY_TARGET = 1.30, 1.30, 1.10, 1.20
 DRAIN_TARGET, SENSOR_TARGET, GROWTH_TARGET = 0.85, 1.25, 1.00
-IDLE_TARGET_FROM = 100  # the idle target is at N = 100 and 500
+IDLE_TARGET_FROM = 100  # the idle target is at N = 100 and 500
 #: The boundary the scheduler iteration is timed at (a weekday, mid-morning UTC).
 BOUNDARY = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 

@@ -109,7 +109,7 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
     if variant == "dueledger":
         # Whatever plugin listeners this environment installs, as a code location loads them.
         jobs, schedules = task_jobs_and_schedules(views, hooks=Hooks.from_environment())
-        # Each tick reads the task's open pauses from the ledger (issue 24): part of the cost.
+        # Each tick reads the task's open pauses from the ledger: part of the cost.
         return dg.Definitions(
             assets=assets,
             jobs=jobs,
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                     baseline=plain,
                     baseline_label="plain cron schedule",
                     ratio=ratio,
-                    # The issue's target is on the wall clock; CPU time is the same work
+                    # The target is on the wall clock; CPU time is the same work
                     # seen without other processes' load (supporting evidence, no target).
                     target=f"ratio <= {TARGET_RATIO:.2f}" if wall else "",
                     met=ratio <= TARGET_RATIO if wall else None,

@@ -52,8 +52,8 @@ def build_task_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinitio
 
     One multi-asset check, not one ``@asset_check`` per task: every check definition is a node
     of Dagster's asset graph, and Dagster resolves each asset job against the whole graph, so
-    500 separate checks doubled the code location's load at 500 tasks (issue 25,
-    docs/performance.md). Each task asset still has its own check (key, description,
+    500 separate checks doubled the code location's load at 500 tasks
+    (docs/performance.md). Each task asset still has its own check (key, description,
     evaluations); executing one evaluates that one (the definition subsets)."""
     if not views:
         return []

@@ -20,11 +20,10 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel
 
-from orchestration.declarations import task_registry
+from orchestration.declarations import task_registry, task_views
 from orchestration.services.hooks import Hooks
 from orchestration.task_defs import task_definitions
-from orchestration.task_spec import build_views
-from resources.core.settings import load_settings
+from resources.core.instants import utc_now
 
 
 class DueTaskScaffoldParams(BaseModel):
@@ -127,7 +126,8 @@ class DueTask(dg.Component, dg.Resolvable, dg.Model):
                 f"task {self.key!r} ({context.path}) is not among the tasks this code location "
                 f"declares: dueledger tasks live in folders of assets/ (or an allowed plugin)"
             )
-        settings = load_settings()
-        (view,) = build_views([declared.spec], settings.slot_minutes, settings.timezone)
+        view = next(v for v in task_views() if v.spec.key == self.key)
         hooks = Hooks.from_environment()
-        return task_definitions(declared, view, hooks=hooks, registered=lambda: registry.tasks)
+        return task_definitions(
+            declared, view, hooks=hooks, registered=lambda: registry.tasks, loaded_at=utc_now()
+        )

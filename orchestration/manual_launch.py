@@ -81,7 +81,7 @@ class EntryRequest:
 
 
 def entry_request_from_tags(tags: Mapping[str, str], run_id: str) -> EntryRequest:
-    """Map a run's tags onto its ledger key (DESIGN: dedup keys).
+    """Map a run's tags onto its ledger key (its entry's dedup key: one entry per key).
 
     - manual_retry (``dueledger/parent_entry``)   -> ``retry:<parent entry id>``
     - schedule / sensor (``dueledger/due``)       -> ``due:<due>``
@@ -152,7 +152,7 @@ def task_tags(tags: Mapping[str, str], spec: TaskSpec) -> Mapping[str, str]:
     Dagster 1.13's GraphQL ``launchRun`` -- what the launchpad, the Catalog's and the job
     page's "Materialize" call -- does not apply a job's run tags, and a backfill from the
     asset graph runs the implicit asset job: such runs carry no ``dueledger/task``. The
-    asset being executed names the task (DESIGN: attribution by what Dagster records).
+    asset being executed names the task: a run is attributed by what Dagster records.
     """
     if t.TAG_TASK in tags:
         return tags

@@ -238,7 +238,7 @@ def ui_reexecution_parent(
     tags: Mapping[str, str], parent_tags: Mapping[str, str] | None
 ) -> EntryRequest | None:
     """For a re-execution started from the Dagster UI, the ledger key of its parent run's
-    entry; None for every other run (DESIGN rule 4: the UI follows the manual-retry rules).
+    entry; None for every other run (the UI follows the manual-retry rules).
 
     A UI re-execution has ``dagster/parent_run_id`` and no ``dagster/retry_number`` (that
     one marks Dagster's automatic retries). A run launched by `dueledger runs retry`
@@ -637,7 +637,7 @@ def redispatch_retry(
     """`dueledger runs retry PARENT` again, after the retry's launch failed: the same request,
     so the recorded child is re-dispatched (``dispatch_failed -> queued``, its earlier errors
     kept) and launched -- no second child, and nothing to acknowledge, since no run of the
-    child ever claimed it (DESIGN rule 5). The retrier role, the task's registration and its
+    child ever claimed it. The retrier role, the task's registration and its
     manual trigger are checked as for a retry (``evaluate_child_redispatch``). Audited
     either way."""
     who = f"entry {child.id} (retry of entry {parent.id})"

@@ -4,7 +4,7 @@ missed dues and queue backlog — nothing when all is well; and the task assets'
 (orchestration/checks.py), reported without a run.
 
 What one evaluation reads follows the dues of the slots since the previous one, not the
-number of tasks (issue 25): the entries that changed since then are one indexed read
+number of tasks: the entries that changed since then are one indexed read
 (``updated_at``), only tasks with a due in those slots are audited for missed dues, and a
 task's check is evaluated again only when its latest due moved, one of its entries changed,
 or its last evaluation was not settled (the cursor names those tasks). A success is final,

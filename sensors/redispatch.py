@@ -1,5 +1,5 @@
 """``redispatch_sensor``: re-dispatches every task's ``dispatch_failed`` scheduled due within
-its own slot (DESIGN rule 5; the plan and its run keys: ``resources/core/redispatch.py``).
+its own slot (the plan and its run keys: ``resources/core/redispatch.py``).
 
 One sensor for all tasks, so its cost follows the entries that need a re-dispatch, not the
 number of tasks: each evaluation reads the current slot's ``dispatch_failed`` and ``queued``

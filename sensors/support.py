@@ -2,7 +2,7 @@
 
 A ledger sensor runs by default (the ledger is only kept true while it runs), gets the
 ``RunLedger`` resource, and is a function of its evaluation's "now", read once from an
-injected clock (STYLE 4: tests pass a frozen clock; nothing below reads the wall clock).
+injected clock (tests pass a frozen clock; nothing below reads the wall clock).
 """
 
 from __future__ import annotations

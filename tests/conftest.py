@@ -155,7 +155,7 @@ def ledger_url(request: pytest.FixtureRequest) -> str:
 def ledger(ledger_url: str) -> Iterator[RunLedger]:
     """A migrated ledger on ``ledger_url`` (SQLite and PostgreSQL; a module narrows the
     backends by overriding ``ledger_url``). Afterwards: no statement of the test deleted or
-    dropped anything, whatever the test did (DESIGN rule 6: ledger rows are never deleted)."""
+    dropped anything, whatever the test did (ledger rows are never deleted)."""
     resource = RunLedger(database_url=ledger_url)
     resource.migrate()
     destructive: list[str] = []

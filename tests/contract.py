@@ -1,4 +1,4 @@
-"""The public contract's JSON shapes (DESIGN.md: add fields freely, never rename).
+"""The public contract's JSON shapes (fields may be added, never renamed).
 
 One copy for every test that checks a shape.
 """

@@ -402,7 +402,7 @@ def instigator_ticks(
     raise KeyError(f"no schedule or sensor named {name!r} in the workspace")
 
 
-# --- added for issue 4 (ledger-keeping sensors) ------------------------------------------------
+# --- added for the ledger-keeping sensors ------------------------------------------------------
 # Private imports again, for the same reason as above: the tests drive Dagster's real run-retry
 # daemon, run-monitoring daemon and run-worker command, write daemon heartbeats, and need a
 # run launcher that fails on demand. Checked against dagster 1.13.27.
@@ -594,7 +594,7 @@ def failing_launcher_config(marker: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-# --- added for issue 8 (the bounded soak) -------------------------------------------------------
+# --- added for the bounded soak -----------------------------------------------------------------
 # The soak runs the real `dagster-daemon run` process; at the end of its window it must stop
 # every schedule of the code location so no further due fires while the last runs settle.
 # Dagster's scheduler keys schedule state by selector id (location + repository + name), so
@@ -671,7 +671,7 @@ def start_schedules(instance: DagsterInstance, target: CodeTarget, names: Collec
                         instance.start_schedule(schedule)
 
 
-# --- added for issue 24 (overlap policies): a run worker in a thread of the test process ----------
+# --- added for the overlap policies: a run worker in a thread of the test process -----------------
 # Two runs of one task must be at work at once for the ledger to decide their overlap; starting
 # a real run worker process per run costs seconds of CPU each on 2 cores. Dagster's own
 # worker (`dagster api execute_run`) rebuilds the job from the run's code origin and calls

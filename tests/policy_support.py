@@ -1,4 +1,4 @@
-"""What the scheduling-policy tests share (issue 24): one task of tests/fixtures/policy_defs.py
+"""What the scheduling-policy tests share: one task of tests/fixtures/policy_defs.py
 loaded in the daemon's workspace on an instance queued like ``dagster.yaml.local``, and the
 ways a user makes its runs: the real scheduler's tick, the UI's GraphQL ``launchRun``, Dagster's
 run queue, a run executed as its worker would execute it (in a thread)."""

@@ -13,7 +13,7 @@ from typing import IO
 
 
 def _restore_signals() -> None:
-    # Processes here can inherit SIGINT/SIGTERM as ignored (DAGSTER-FACTS); a Dagster
+    # Processes here can inherit SIGINT/SIGTERM as ignored; a Dagster
     # process would then outlive the test.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

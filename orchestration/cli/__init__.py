@@ -1,8 +1,8 @@
 """`dueledger`: the operators' command line.
 
-Every command takes ``--json``. Exit codes (DESIGN): 0 ok, 2 invalid input,
-3 refused by a rule with nothing changed, 1 unexpected. With ``--json`` an error is
-printed as ``{"error": message}`` on stdout as well.
+Every command takes ``--json``. Exit codes (part of the public contract): 0 ok,
+2 invalid input, 3 refused by a rule with nothing changed, 1 unexpected. With ``--json`` an
+error is printed as ``{"error": message}`` on stdout as well.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ MAX_CURSOR_CHARS: Final = 200
 ACTION_LIST: Final = "runs_list"
 ACTION_SHOW: Final = "runs_show"
 ACTION_SUMMARY: Final = "summary"
-#: The audit check of who a command acts as (DESIGN.md rule 4: identity from the environment).
+#: The audit check of who a command acts as (the caller's identity comes from the environment).
 CHECK_IDENTITY: Final = "operator_is_caller"
 
 # A task key as the registry allows it (snake_case); anything else cannot name a task.
@@ -174,7 +174,7 @@ def acting_operator(
     entry_id: int | None = None,
     reason: str | None = None,
 ) -> str:
-    """The operator a command acts and is recorded as (DESIGN.md rule 4).
+    """The operator a command acts and is recorded as.
 
     Without an allow-list (the local default) it is ``--operator`` as given, else the caller.
     With one it is the caller's identity (:func:`caller_identity`): ``--operator`` may name

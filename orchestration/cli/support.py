@@ -1,7 +1,8 @@
 """Shared plumbing for the `dueledger` CLI commands: --json, exit codes, tables, settings.
 
-Exit codes (DESIGN): 0 ok, 2 invalid input, 3 refused by a rule with nothing changed,
-1 unexpected. With ``--json`` an error is printed as ``{"error": message}`` on stdout.
+Exit codes (part of the public contract): 0 ok, 2 invalid input, 3 refused by a rule
+with nothing changed, 1 unexpected. With ``--json`` an error is printed as
+``{"error": message}`` on stdout.
 """
 
 from __future__ import annotations

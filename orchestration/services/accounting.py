@@ -86,7 +86,7 @@ _ACK: Final = " --acknowledge-side-effects"
 
 
 def next_step(state: str, task_key: str, entry: Entry | None) -> str:
-    """What an operator runs next for a due in ``state`` (issue 27: the check says it)."""
+    """What an operator runs next for a due in ``state`` (the check names the next step)."""
     show = f"`dueledger runs show {entry.id}`" if entry is not None else ""
     if entry is not None and state in (STATE_FAILED, STATE_DISPATCH_FAILED):
         # Rule 4: a lease_reclaimed or dispatch_failed entry may have done its side effects.

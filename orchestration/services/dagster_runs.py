@@ -164,7 +164,7 @@ def last_dispatch_failure_canceled(instance: dg.DagsterInstance, entry: Entry) -
 def dagster_will_retry_failure(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Will Dagster retry ``run`` when its step fails now? Dagster decides it only after the
     run has failed (``dagster/will_retry``), but the claim wrapper must record the attempt
-    before that: ``retrying`` only while a retry will really come (DESIGN rule 2). The same
+    before that: ``retrying`` only while a retry will really come. The same
     rule as Dagster's run retries: retries enabled on the instance, step failures retried
     (``dagster/retry_on_asset_or_op_failure``, else the instance's setting), and fewer runs
     in the run's group than ``dagster/max_retries`` + 1 (else the instance's max_retries; a

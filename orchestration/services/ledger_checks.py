@@ -12,7 +12,7 @@ runs and the command to inspect them:
   newest run of the entry's retry chain ended, Dagster will not or did not retry it, or the
   run is gone), which ``ledger_outcome_sensor`` settles as ``failed``/``dispatch_failed``.
 - ``no_unledgered_failed_runs``: task runs Dagster ended FAILURE or CANCELED in the last
-  24 h that left no trace in the ledger (DESIGN rule 4: no failed run of a task is
+  24 h that left no trace in the ledger (no failed run of a task may be
   invisible to ``summary``); ``ledger_outcome_sensor`` records a run that failed before
   claiming as ``dispatch_failed``. Runs that ended within SENSOR_GRACE are not judged yet.
 

@@ -126,7 +126,7 @@ def decide(entry: Entry | None, outcome: RunOutcome) -> tuple[Action, str]:
     if _duplicate_untraced(entry, outcome.run_id):
         # Found by the history checker (tests/history): a duplicate of a due -- the second
         # daemon's run -- that died before claiming was in no entry, a failed run invisible
-        # to `summary` and `runs show` (DESIGN rule 4).
+        # to `summary` and `runs show`.
         return Action.TRACE_DUPLICATE, (
             f"entry is {entry.status} under another run: this run was a duplicate; traced"
         )
@@ -541,8 +541,8 @@ def settle_abandoned_retries(
 
 
 def _refused(run: dg.DagsterRun) -> bool:
-    """A run the ledger refused: CANCELED by the claim wrapper (before issue 23, such runs
-    ended SUCCESS with the same tag)."""
+    """A run the ledger refused: CANCELED by the claim wrapper (older releases ended such
+    runs SUCCESS with the same tag)."""
     return run.tags.get(t.TAG_OUTCOME) in t.OUTCOMES or (run.status == dg.DagsterRunStatus.SUCCESS)
 
 

@@ -53,7 +53,7 @@ def recent_entries(ledger: Ledger, since: datetime) -> list[Entry]:
 
 # --- the summary -----------------------------------------------------------------------------
 
-#: Contract name (DESIGN ``summary``) -> key of ``Ledger.summary_counts``.
+#: Name in the ``summary`` JSON contract -> key of ``Ledger.summary_counts``.
 SUMMARY_TOTALS: Final = {
     "active": "active",
     "stale": "stale",

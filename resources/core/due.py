@@ -1,4 +1,4 @@
-"""The due time: one type, one formatter, one parser (DESIGN.md "Run tags and keys").
+"""The due time: one type, one formatter, one parser.
 
 A due is the start of a slot: an aware UTC instant on a whole minute. It is what makes a
 scheduled run unique, so it travels in exactly two forms: a :class:`Due` in code (the

@@ -4,7 +4,7 @@ A claim hands the run a :class:`Fence` -- its entry, itself as the lease owner, 
 entry's claim generation (a counter every successful claim increments, so the token of an
 earlier claim never matches a later one). A run that lost its lease (paused past the TTL and
 reclaimed, or overtaken) may still be executing; the fence is how its side effects are
-stopped after the ledger said the run was over (DESIGN.md rule 1).
+stopped after the ledger said the run was over.
 
 A store that writes a side effect asks an :class:`EffectGuard` to verify the fence as the
 last statement of the effect's own transaction; the guard raises :class:`FenceLost` (the

@@ -37,7 +37,7 @@ from resources.core.alerting import (
 from resources.core.entry import FAILURE_KINDS, TRIGGERS, FailureKind, Status
 
 # --- statuses the metrics sort entries into -----------------------------------------------
-#: DESIGN's terminal ``skipped`` status (a due not run, with a reason: overlap, paused).
+#: The terminal ``skipped`` status (a due not run, with a reason: overlap, paused).
 STATUS_SKIPPED: Final = Status.SKIPPED
 #: Statuses an entry never leaves: ``dueledger_entries_total`` counts them.
 COUNTED_STATUSES: Final = (Status.SUCCESS, Status.FAILED, STATUS_SKIPPED)
@@ -59,7 +59,7 @@ REFUSED_RUN_ACTIONS: Final = ("claim", "reject")
 #: keeps the two in step): it raised, ran past its timeout, or returned something no result.
 HOOK_FAILURE_OUTCOMES: Final = ("error", "timeout", "invalid")
 
-#: Reasons a due is skipped for (DESIGN: overlap, paused), written with 0 for every task.
+#: Reasons a due is skipped for (overlap, paused), written with 0 for every task.
 SKIP_REASONS: Final = ("overlap", "paused")
 
 #: Lag buckets (seconds after the due): a slot is 15 minutes by default, a day the longest

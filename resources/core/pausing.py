@@ -1,4 +1,4 @@
-"""Pause on failure (DESIGN ``pause_after_failures``), pure: when a task pauses itself.
+"""Pause on failure (a task's ``pause_after_failures``), pure: when a task pauses itself.
 
 After ``N`` consecutive final failures the task is paused by ``dueledger`` with a reason that
 names the entries; one ``task_paused`` alert goes out. "Consecutive" reads the task's finished

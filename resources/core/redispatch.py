@@ -1,4 +1,4 @@
-"""Re-dispatch within the slot (DESIGN rule 5), planned as pure functions.
+"""Re-dispatch within the slot, planned as pure functions.
 
 A scheduled due whose run never claimed its entry (``dispatch_failed``) is re-dispatched
 within its own slot, at most ``max_redispatches`` times. Dagster's sensor run-key dedup holds

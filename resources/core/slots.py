@@ -161,7 +161,7 @@ def _sample_fires(cron: str, timezone: str) -> tuple[datetime, ...]:
     """
     # A cron that names no day, month or weekday needs two days, not 400 (the sample reads
     # the zone at one offset, so its days all repeat); a UTC one's fires follow from its
-    # minute and hour fields alone (issue 25: a platform's many daily tasks at distinct times
+    # minute and hour fields alone (a platform's many daily tasks at distinct times
     # each cost ~8 ms of croniter steps here, a minute cron 600 steps, in every process).
     daily = _repeats_daily(cron)
     if daily and timezone == "UTC":

@@ -1,7 +1,7 @@
 """The run ledger: one row per logical execution request, with leases, retries and lineage.
 
 ``RunLedger`` is a Dagster resource over SQLAlchemy Core that behaves the same on SQLite
-(local default) and PostgreSQL (production). It enforces the ledger rules of DESIGN.md:
+(local default) and PostgreSQL (production). It enforces the ledger rules:
 
 - an entry is created insert-or-ignore on ``(task_key, origin, dedup_key)``, so a due, a
   manual request or a retry can exist once only;

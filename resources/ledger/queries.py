@@ -209,7 +209,7 @@ class LedgerQueries(LedgerStore):
     def summary_counts(
         self, *, now: datetime | None = None, window: timedelta = timedelta(hours=24)
     ) -> dict[str, int]:
-        """Counts for `dueledger summary` (added for issue 5), each one indexed COUNT.
+        """Counts for `dueledger summary`, each one indexed COUNT.
 
         ``active``: running with a live lease; ``stale``: running with an expired lease (what
         the reclaim sensor will fail); ``queued`` / ``retrying``: waiting now. Over the last

@@ -1,4 +1,4 @@
-"""The ledger rules (DESIGN.md "Ledger rules") as pure functions over an entry's state.
+"""The ledger rules as pure functions over an entry's state.
 
 Each state change is a function from the entry as it is (and the caller's inputs) to a
 :class:`Decision`: the columns to write, or why nothing may change. No database, no clock,
@@ -228,7 +228,7 @@ def fail(
     retry_coming: bool = True,
 ) -> Decision:
     """The owner's run failed: ``running -> retrying`` with attempts left and a retry coming
-    (DESIGN rule 2: ``retrying`` only while a retry will really come), else ``failed``.
+    (``retrying`` only while a retry will really come), else ``failed``.
 
     A retrying entry is not finished: only the last attempt stamps ``finished_at``.
     """

@@ -85,7 +85,7 @@ entries = sa.Table(
     sa.Column("summary", JSON_TYPE, nullable=False),
     sa.Column("manual_retry_at", sa.DateTime(), nullable=True),
     sa.Column("manual_retry_by", sa.String(200), nullable=True),
-    # Migration 0003 (issue 14): incremented by every successful claim; with the lease owner
+    # Migration 0003: incremented by every successful claim; with the lease owner
     # it is the fencing token a run's side effects are checked against (resources/core/fence.py).
     sa.Column("claim_generation", sa.BigInteger(), nullable=False, server_default="0"),
     sa.UniqueConstraint(
@@ -96,7 +96,7 @@ entries = sa.Table(
     sa.Index("ix_dueledger_entries_parent", "parent_id"),
     sa.Index("ix_dueledger_entries_trigger_created", "trigger", "created_at"),
     sa.Index("ix_dueledger_entries_created_id", "created_at", "id"),
-    # Migration 0002 (issue 5): `runs list` by status / task, `summary` counts.
+    # Migration 0002: `runs list` by status / task, `summary` counts.
     sa.Index("ix_dueledger_entries_status_created_id", "status", "created_at", "id"),
     sa.Index("ix_dueledger_entries_task_created_id", "task_key", "created_at", "id"),
     sa.Index(
@@ -106,12 +106,12 @@ entries = sa.Table(
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
     ),
-    # Migration 0008 (issue 25): what the sensors read each tick -- one slot's entries of
+    # Migration 0008: what the sensors read each tick -- one slot's entries of
     # a few statuses (re-dispatch), the entries changed since a time (slot health) -- are
     # index ranges of exactly those rows whatever the ledger's size.
     sa.Index("ix_dueledger_entries_status_due", "status", "due"),
     sa.Index("ix_dueledger_entries_updated_at", "updated_at"),
-    # Migration 0006 (issue 27): the Prometheus scrape (resources/ledger/scrape_queries.py).
+    # Migration 0006: the Prometheus scrape (resources/ledger/scrape_queries.py).
     sa.Index(
         "ix_dueledger_entries_task_status_trigger_kind",
         "task_key",

@@ -61,7 +61,7 @@ from resources.ledger.store import LedgerStore
 
 
 class LedgerTransitions(LedgerStore):
-    """The state-changing operations of :class:`RunLedger` (DESIGN.md "Ledger rules")."""
+    """The state-changing operations of :class:`RunLedger`."""
 
     def ensure_entry(
         self,

@@ -268,7 +268,7 @@ def test_bad_archive_configuration_fails_at_load(fields, message):
 
 
 def test_a_run_that_lost_its_lease_deletes_nothing_and_leaves_no_archive_file(tmp_path):
-    # Issue 14: a worker paused past its lease used to delete rows after the reclaim.
+    # A worker paused past its lease used to delete rows after the reclaim.
     engine = SourceStore(url=f"sqlite:///{tmp_path / 'source.sqlite'}").engine()
     create_schema(engine)
     log_rows([(1, 100 * DAY), (2, DAY)]).to_sql(

@@ -261,7 +261,7 @@ def test_the_candidate_query_finds_exactly_the_orders_the_rule_selects_at_the_bo
 
 
 def test_a_run_that_lost_its_lease_cancels_nothing_and_the_refusal_is_traced(engine, tmp_path):
-    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    # A worker paused past its lease used to commit after the reclaim.
     old = AS_OF - timedelta(days=2)
     insert_orders(engine, (1, "pending", old))
     guard, ledger = lost_guard(tmp_path)

@@ -265,7 +265,7 @@ def test_auto_renew_task_keeps_balances_reconcilable(tmp_path):
 
 
 def test_a_run_that_lost_its_lease_charges_and_claims_nothing(engine, tmp_path):
-    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    # A worker paused past its lease used to commit after the reclaim.
     seed(engine, [service(1, 1, DAY, price=1000)], {1: 2500})
     services = read(engine, "SELECT * FROM services")
     services["expires_at"] = pd.to_datetime(services["expires_at"])

@@ -349,7 +349,7 @@ def test_the_candidate_query_finds_exactly_the_services_the_plan_picks(engine, p
 
 
 def test_a_run_that_lost_its_lease_suspends_and_terminates_nothing(engine, tmp_path):
-    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    # A worker paused past its lease used to commit after the reclaim.
     insert_services(
         engine,
         (1, "active", AS_OF - timedelta(days=1), None),

@@ -131,7 +131,7 @@ def test_the_daily_task_closes_as_of_its_due(tmp_path):
 
 
 def test_a_run_that_lost_its_lease_closes_nothing(engine, tmp_path):
-    # Issue 14: a worker paused past its lease used to commit after the reclaim.
+    # A worker paused past its lease used to commit after the reclaim.
     pd.DataFrame([ticket(1, "waiting_customer", 8 * timedelta(days=1))]).to_sql(
         "tickets", engine, if_exists="append", index=False
     )

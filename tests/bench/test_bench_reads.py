@@ -1,4 +1,4 @@
-"""bench/reads.py at a small size (the issue's 100,000 entries: ``bench/run.py --only reads
+"""bench/reads.py at a small size (the target's 100,000 entries: ``bench/run.py --only reads
 --full``): every read command answers with JSON and none imports Dagster, ledger_health
 materializes, and the rows are written for bench/run.py."""
 

@@ -105,7 +105,7 @@ def reexecute_failed(stage: Stage, page: Page) -> StoryRun:
         first = yield server.run_ended(first_run)
         if first["status"] != "FAILURE":
             return {"first_run": first_run, "first_status": first["status"]}
-    # As soon as the run is red -- no waiting for a sensor (issue 23): a launchpad run carries
+    # As soon as the run is red -- no waiting for a sensor: a launchpad run carries
     # no dagster/max_retries, Dagster will not retry it, so its entry is already failed.
     entry = server.entries_now(FAILING_TASK, f"manual:{first_run}")
     failed_run = first_run

@@ -7,7 +7,7 @@
     effect, audited.
 
 A UI launch carries no dueledger tags; it must become a manual ledger entry by operator
-``dagster-ui`` whose request id is the run id (DESIGN: attribution), and the run carries
+``dagster-ui`` whose request id is the run id, and the run carries
 ``dueledger/entry=<entry id>``.
 """
 

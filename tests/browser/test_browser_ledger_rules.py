@@ -1,4 +1,4 @@
-"""Issue 23: every ledger rule holds on the UI path, and a person sees what the ledger decided.
+"""Every ledger rule holds on the UI path, and a person sees what the ledger decided.
 
 (a) Story ``launchpad_locked``: Jobs → log_archive_job → launchpad → Materialize. log_archive
     is declared not manually triggerable: the run does nothing, ends Canceled -- the run page

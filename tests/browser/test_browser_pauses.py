@@ -1,4 +1,4 @@
-"""Pauses and skipped dues as a person meets them in the Dagster UI (issue 24, item 2).
+"""Pauses and skipped dues as a person meets them in the Dagster UI.
 
 (g) Automation → a schedule's page → its toggle, off: ``ledger_outcome_sensor`` records a pause
     by ``dagster-ui`` (`dueledger tasks` shows who and since when, `dueledger dues` that the next

@@ -49,7 +49,7 @@ def test_the_deploy_config_stores_runs_in_postgres(deploy_home: Path, pg_server:
         concurrency = instance.get_concurrency_config()
         assert concurrency.run_queue_config is not None
         # No tag limit on dueledger/task: skip, buffer_one and replace tasks need a second run
-        # to start so the ledger decides it (issue 24); queue tasks wait in their pools.
+        # to start so the ledger decides it; queue tasks wait in their pools.
         assert not concurrency.run_queue_config.tag_concurrency_limits
         # One run per task pool whatever tags a run carries (UI launches, backfills).
         assert concurrency.pool_config.default_pool_limit == 1

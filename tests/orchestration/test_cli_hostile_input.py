@@ -1,4 +1,4 @@
-"""Hostile input, round 3 (issue 28): each finding reproduced through the `dueledger` console
+"""Hostile input: each finding reproduced through the `dueledger` console
 script, run as a subprocess as a user runs it, on SQLite and PostgreSQL ledgers where a
 database is involved.
 
@@ -6,7 +6,7 @@ Webhook secrets (a path, a query, user info) never reach an output or a stored r
 dispatch-failed manual request is re-dispatched when it is launched again, whoever recorded
 the failure; and the smaller ones: IPv6 and in-memory URLs, text that is not UTF-8, source
 store errors, roles of the operations commands, /dev/zero as a configuration file, and the
-messages of item 10.
+messages that say what is wrong.
 """
 
 from __future__ import annotations
@@ -125,11 +125,11 @@ def no_secret(ran: Ran, *secrets: str) -> None:
     assert "\x1b" not in ran.output, ran.args
 
 
-# --- 1, 3, 8, 10: webhook URLs ----------------------------------------------------------------
+# --- webhook URLs -----------------------------------------------------------------------------
 
 
-#: Item 1: CR LF and a space, once carried into InvalidURL's text with the path; item 3:
-#: ``ValueError: Invalid IPv6 URL``, exit 1; and an escape sequence.
+#: CR LF and a space, once carried into InvalidURL's text with the path; a broken IPv6
+#: host, once ``ValueError: Invalid IPv6 URL`` and exit 1; and an escape sequence.
 BAD_WEBHOOK_URLS = {
     "crlf": f"http://127.0.0.1:18086/TOK {SECRET}\r\nX-Injected: 1",
     "ipv6": f"http://[::1/{SECRET}",
@@ -181,7 +181,7 @@ def test_a_webhook_secret_in_path_query_or_error_page_never_reaches_output_or_th
 def test_user_info_in_a_webhook_url_is_sent_as_basic_auth_and_never_shown(
     box: Box, webhook: WebhookSink
 ) -> None:
-    # Item 8: urllib took `alertbot:pa%40ss-...@127.0.0.1` for the host name.
+    # urllib once took `alertbot:pa%40ss-...@127.0.0.1` for the host name.
     password = f"pa@ss-{SECRET}"
     url = f"http://alertbot:pa%40ss-{SECRET}@127.0.0.1:{webhook.port}/hook"
     box.expired_lease()
@@ -200,7 +200,7 @@ def test_user_info_in_a_webhook_url_is_sent_as_basic_auth_and_never_shown(
     assert not [row for row in stored_text(box.url) if SECRET in row]
 
 
-# --- 4: text that is not UTF-8 ----------------------------------------------------------------
+# --- text that is not UTF-8 -------------------------------------------------------------------
 
 
 def test_text_that_is_not_utf8_in_a_flag_is_exit_2_and_writes_nothing(box: Box) -> None:
@@ -215,7 +215,7 @@ def test_text_that_is_not_utf8_in_a_flag_is_exit_2_and_writes_nothing(box: Box) 
     assert box.dagster_runs() == []
 
 
-# --- 5, 6: databases that cannot be shared or used ---------------------------------------------
+# --- databases that cannot be shared or used ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_a_source_store_that_cannot_work_is_exit_2_naming_the_variable_masked(
         no_secret(ran, "hunter2")
 
 
-# --- 7: roles of the operations commands ------------------------------------------------------
+# --- roles of the operations commands ---------------------------------------------------------
 
 
 def _audits(box: Box, action: str) -> list[dict[str, object]]:
@@ -316,7 +316,7 @@ def test_with_an_allow_list_operations_commands_need_a_role_and_are_audited(
     assert f"reclaimed 1 expired lease(s) [{entry_id}]" in str(reclaimed["outcome"])
 
 
-# --- 9: configuration files are read with a bound ----------------------------------------------
+# --- configuration files are read with a bound -------------------------------------------------
 
 
 def test_dev_zero_as_a_configuration_file_fails_fast_naming_the_variable(
@@ -355,7 +355,7 @@ def test_a_folder_as_a_configuration_file_is_named_as_one(sqlite_box: Box) -> No
     assert errors and all("a folder, not a regular file" in e for e in errors), errors
 
 
-# --- 10: messages -------------------------------------------------------------------------------
+# --- messages -----------------------------------------------------------------------------------
 
 
 def test_messages_say_what_is_wrong(sqlite_box: Box) -> None:
@@ -452,7 +452,7 @@ def test_a_full_disk_says_so(sqlite_url: str) -> None:
         ledger.dispose()
 
 
-# --- 2 (and 10: a hook outcome with a NUL): a canceled manual launch is launched again --------
+# --- a canceled manual launch is launched again (and a hook outcome with a NUL) ---------------
 
 HOOKS_MODULE = """
 from orchestration.plugins import degrade

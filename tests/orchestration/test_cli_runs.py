@@ -41,7 +41,7 @@ DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
 SLOT = timedelta(minutes=15)
 TTL = timedelta(minutes=5)
 
-# --- the contract's JSON shapes (DESIGN.md; add fields freely, never rename) -----------------
+# --- the contract's JSON shapes (fields may be added, never renamed) -------------------------
 SHOW_KEYS = ENTRY_KEYS | {"children", "audit", "parent", "attempts"}
 RETRY_KEYS = {"entry_id", "run_id", "parent_entry_id", "parent_run_id", "root_run_id", "launch"}
 SUMMARY_KEYS = {

@@ -1,5 +1,5 @@
 """`dueledger dues | pause | resume | catch-up` and `launch --queue` through the console script,
-run as a subprocess as a user runs it (issue 24, items 2, 5, 6, 7), ledger on SQLite and
+run as a subprocess as a user runs it, ledger on SQLite and
 PostgreSQL: pausing shows in `tasks` and `dues`, the DST rule shows in `dues`, a catch-up of a
 range with dues done, failed and missed launches the missed, retries the failed, and a second
 catch-up does nothing; every bad value is exit 2 naming the option, a refusal exit 3.

@@ -64,8 +64,8 @@ EXPECTED = {
         "timezone": "UTC",
         "effective_cadence": "every 15 minutes",
     },
-    # Plugin slot events (issue 6): a legacy cron finer than the slot fires on the slot grid
-    # (issue 12: the Automation list, "Next tick" and the timeline show what runs).
+    # Plugin slot events: a legacy cron finer than the slot fires on the slot grid
+    # (so the Automation list, "Next tick" and the timeline show what runs).
     "tick_every_slot": {
         "job": "tick_every_slot_job",
         "schedule": "tick_every_slot_schedule",
@@ -112,7 +112,7 @@ def test_tasks_jobs_schedules_crons_and_cadences_match_the_snapshot():
 
 
 def test_every_task_asset_is_in_its_tasks_pool_so_any_launch_waits_its_turn():
-    # Regression (issue 12): UI launches and asset backfills carry no dueledger/task, so the
+    # Regression: UI launches and asset backfills carry no dueledger/task, so the
     # run queue's tag limit did not hold for them; pools do not depend on tags.
     for key in EXPECTED:
         job = defs.resolve_job_def(f"{key}_job")

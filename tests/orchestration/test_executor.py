@@ -61,7 +61,7 @@ def test_a_task_run_is_one_process(tmp_path: Path) -> None:
 
 def test_the_catalogs_materialize_runs_in_process_too() -> None:
     # The Catalog's "Materialize" runs the implicit asset job, whose executor is the code
-    # location's default: one process per run there as well (issue 23).
+    # location's default: one process per run there as well.
     from orchestration.definitions import defs
 
     job = defs.resolve_implicit_global_asset_job_def()

@@ -116,7 +116,7 @@ print(json.dumps({"ok": result.success, "heavy": heavy}))
 
 
 def _tags(job: str) -> dict[str, str]:
-    """A task that is not manually triggerable runs as its schedule launches it (issue 23)."""
+    """A task that is not manually triggerable runs as its schedule launches it."""
     (spec,) = [s for s in registered_tasks() if f"{s.key}_job" == job]
     if spec.manual_trigger:
         return {}
@@ -130,7 +130,7 @@ def _tags(job: str) -> dict[str, str]:
 def test_only_a_run_whose_asset_uses_pandas_imports_it(
     tmp_path: Path, job: str, heavy: list[str]
 ) -> None:
-    # Issue 25: every run worker loads the code location; a task whose asset does not use
+    # Every run worker loads the code location; a task whose asset does not use
     # pandas must not pay for it (1.8 CPU-s without compiled bytecode). order_cleanup's
     # domain rule does use it: the probe can tell.
     env = {

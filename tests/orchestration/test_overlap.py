@@ -1,4 +1,4 @@
-"""One run of a task at a time, whatever launched it (DESIGN: overlap; issue 12).
+"""One run of a task at a time, whatever launched it.
 
 Runs of ``order_cleanup`` are submitted the three ways a user makes them -- the
 launchpad's and the Catalog's GraphQL ``launchRun`` (no dueledger tags: Dagster 1.13 does

@@ -1,4 +1,4 @@
-"""Overlap policies through Dagster's real machinery (issue 24, item 1), ledger on SQLite and
+"""Overlap policies through Dagster's real machinery, ledger on SQLite and
 PostgreSQL.
 
 Each test loads one task of tests/fixtures/policy_defs.py in the daemon's workspace, on an

@@ -64,7 +64,7 @@ def test_a_good_spec_builds_a_view_with_defaults():
             "overlap_policy",
             "unknown policy 'cancel_other'",
         ),
-        # Issue 24: the scheduling policies fail at load naming the field.
+        # The scheduling policies fail at load, naming the field.
         ("allow_without_concurrent_safe", {"overlap_policy": "allow"}, "overlap_policy", "allow"),
         ("zero_pause_after_failures", {"pause_after_failures": 0}, "pause_after_failures", "1"),
         ("bool_pause_after_failures", {"pause_after_failures": True}, "pause_after_failures", "1"),
@@ -123,7 +123,7 @@ def test_catch_up_with_a_bounded_window_is_accepted():
     assert view.as_json()["catch_up_window_seconds"] == 7200
 
 
-# --- attribution by what Dagster records (issue 12) -----------------------------------------
+# --- attribution by what Dagster records ----------------------------------------------------
 def _attribution_specs() -> list[TaskSpec]:
     return [
         TaskSpec(key=k, rule=EverySlots(1), declared_cadence="every slot")

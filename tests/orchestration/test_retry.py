@@ -1,4 +1,4 @@
-"""Manual retry rules (DESIGN rule 4) on real SQLite and PostgreSQL ledgers.
+"""Manual retry rules on real SQLite and PostgreSQL ledgers.
 
 Each rule is shown allowing and refusing; a refusal changes nothing but the audit. The
 launch is tested with a recording launcher (the Dagster CLIs are exercised for real in
@@ -611,7 +611,7 @@ def test_a_failed_launch_leaves_the_child_dispatch_failed_and_says_what_next(
 def test_repeating_a_retry_whose_launch_failed_re_dispatches_the_same_child(
     ledger: RunLedger, instance: dg.DagsterInstance
 ) -> None:
-    # Issue 14: the retry's child was left dispatch_failed and `runs retry PARENT` was
+    # Regression: the retry's child was left dispatch_failed and `runs retry PARENT` was
     # refused as "already retried": the way out was an admin retrying the child.
     parent = failed(ledger)
     with pytest.raises(LaunchFailed):

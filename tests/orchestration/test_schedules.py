@@ -23,7 +23,7 @@ def _evaluate(name: str, when: datetime, instance: dg.DagsterInstance):
         return schedule.evaluate_tick(context)
 
 
-#: The ledger a tick reads the task's pauses from (issue 24): one per module, empty.
+#: The ledger a tick reads the task's pauses from: one per module, empty.
 _LEDGER: list[RunLedger] = []
 
 
@@ -109,7 +109,7 @@ def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance,
 
 
 def test_each_schedule_lists_its_next_five_dues_in_its_metadata():
-    # Issue 24: the UI shows a schedule's next dues (as of the code location's load).
+    # The UI shows a schedule's next dues (as of the code location's load).
     schedule = defs.resolve_schedule_def("order_cleanup_schedule")
     text = schedule.metadata["dueledger/next_dues"].value
     dues = [line for line in text.splitlines() if line.startswith("- `")]

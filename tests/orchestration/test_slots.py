@@ -1,4 +1,4 @@
-"""Due and cadence arithmetic as tables of named instants (STYLE.md §9)."""
+"""Due and cadence arithmetic as tables of named instants."""
 
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
@@ -97,7 +97,7 @@ def test_cron_cadence_helpers_agree_with_hand_counts():
 def _cadences_sampled_one_by_one(cron: str, slots: tuple[int, ...], tz: str) -> list[int]:
     """The cadences sampled one function at a time, croniter stepping from an aware start in
     the zone's offset of the sample start as a fixed offset (the reference for the shared
-    sample; issue 24: a cadence is the rule's, not its DST days'). The declared cadence, then
+    sample, as a cadence is the rule's, not its DST days'). The declared cadence, then
     the effective one for each of ``slots``."""
     from datetime import timezone
     from zoneinfo import ZoneInfo
@@ -167,7 +167,7 @@ class TestDstInANonUtcTimezone:
         assert after.due_key == "2026-10-26T05:30:00Z"
 
     def test_the_repeated_local_hour_runs_once_at_its_first_occurrence(self):
-        # 02:00-03:00 local happens twice; an every-minute cron runs it once (issue 24).
+        # 02:00-03:00 local happens twice; an every-minute cron runs it once.
         plan = schedule_plan(Cron("* * * * *"), 15, self.TZ)
         first = decide_tick(plan, datetime(2026, 10, 25, 0, 30, tzinfo=UTC), 15)  # 02:30 CEST
         again = decide_tick(plan, datetime(2026, 10, 25, 1, 30, tzinfo=UTC), 15)  # 02:30 CET
@@ -213,7 +213,7 @@ def test_every_5_slots_skips_slots_off_its_grid():
     assert off_grid.skip_reason is not None and "every-5-slots grid" in off_grid.skip_reason
 
 
-# --- the cron a schedule fires on (issue 12: the Automation list tells the truth) -----------
+# --- the cron a schedule fires on (so the Automation list tells the truth) ------------------
 ALIGNED_CRONS = [
     # (name, declared cron, slot minutes, timezone, cron the schedule fires on)
     ("every_minute_on_15_minute_slots", "* * * * *", 15, "UTC", "*/15 * * * *"),
@@ -282,7 +282,7 @@ DAILY_UTC_CRONS = [
 
 @pytest.mark.parametrize("cron", DAILY_UTC_CRONS)
 def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
-    # Issue 25: such a cron's sample is computed from its fields, not by stepping croniter
+    # Such a cron's sample is computed from its fields, not by stepping croniter
     # (600 steps for a minute cron, in every process); it must be the very same instants.
     from croniter import croniter
 
@@ -310,7 +310,7 @@ def test_a_daily_utc_crons_sample_is_the_one_croniter_steps_to(cron):
     ],
 )
 def test_a_daily_utc_crons_fire_times_are_the_ones_croniter_steps_to(cron, start, end):
-    # Issue 25: every load lists each task's next dues; a daily UTC cron's fires come from its
+    # Every load lists each task's next dues; a daily UTC cron's fires come from its
     # minute and hour fields, and they must be the very instants croniter steps to.
     from croniter import croniter
 

@@ -1,4 +1,4 @@
-"""Re-executions started from the Dagster UI follow the manual-retry rules (DESIGN rule 4).
+"""Re-executions started from the Dagster UI follow the manual-retry rules.
 
 A real Dagster instance (synchronous in-process launcher) and the real claim wrapper run
 the task assets of ``tests/fixtures/retry_defs.py`` against a real ledger. Runs are
@@ -446,7 +446,7 @@ def test_a_run_merely_tagged_as_a_retry_claims_nothing(harness: Harness) -> None
     assert h.ledger.find(UI_TASK, dedup_key_for_retry(987654)) is None
 
 
-# --- launches from the UI carry no dueledger tags (issue 12) ---------------------------------
+# --- launches from the UI carry no dueledger tags --------------------------------------------
 
 
 def test_a_launchpad_run_without_dueledger_tags_is_a_manual_launch_by_dagster_ui(
@@ -539,7 +539,7 @@ def test_a_catalog_materialize_runs_the_implicit_asset_job_and_is_attributed_by_
     assert (entry.status, entry.operator) == (Status.SUCCESS, UI_OPERATOR)
 
 
-# --- issue 23: every rule on the UI path, and what a person sees -------------------------------
+# --- every rule on the UI path, and what a person sees -----------------------------------------
 
 
 def _messages(h: Harness, run_id: str) -> list[str]:

@@ -1,5 +1,5 @@
 """The one rule every reader uses to judge a due (resources/core/dues.py), as a table of
-named instants (issue 23: a fresh deployment reported the due before its start as missed)."""
+named instants (regression: a fresh deployment reported the due before its start as missed)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fencing tokens (issue 14, item 3): a claim hands the run a fence, and a side effect commits
+"""Fencing tokens: a claim hands the run a fence, and a side effect commits
 only while the run still holds its entry -- same owner, same claim generation, ``running``.
 
 Real SQLite and real PostgreSQL (``ledger_url``). Two layouts of the source data:

@@ -354,7 +354,7 @@ def test_attempts_exhausted_after_max_attempts_failures(ledger: RunLedger) -> No
 
 
 def test_an_unsupported_task_fails_for_good_with_attempts_left(ledger: RunLedger) -> None:
-    # Pins issue 6: a task whose plugin vanished must not wait in `retrying` for a retry
+    # A task whose plugin vanished must not wait in `retrying` for a retry
     # that can never run it.
     entry = new_entry(ledger, max_attempts=3)
     assert ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=JUST_AFTER_DUE).claimed
@@ -933,7 +933,7 @@ def test_upgrading_twice_is_a_no_op(ledger: RunLedger) -> None:
 
 
 def test_a_schema_from_a_newer_version_is_left_alone(ledger: RunLedger) -> None:
-    # A rolling upgrade (issue 26): a newer release migrated further, and migrations only add,
+    # A rolling upgrade: a newer release migrated further, and migrations only add,
     # so this code goes on using it (tests/resources/test_ledger_rolling_upgrade.py).
     with ledger._get_engine().begin() as conn:
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'"))

@@ -1,6 +1,6 @@
 """The ledger's hot path: claim, heartbeat, succeed and fail as one prepared statement each.
 
-What it pins (issue 16, item 6): on psycopg2 each of the four runs as one statement on a
+What it pins: on psycopg2 each of the four runs as one statement on a
 kept DBAPI connection and cursor, with no SQLAlchemy execution per call; the statement
 constants are rendered once into the SQL; the returned Entry is the stored row; and the
 cheaper time conversions at the database boundary give the same values as before.

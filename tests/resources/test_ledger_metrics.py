@@ -105,7 +105,7 @@ def test_each_scrape_number_is_what_the_ledger_recorded(ledger: RunLedger) -> No
     }
     assert ledger.last_dues([TASK, OTHER]) == {TASK: DUE + 6 * SLOT}
     assert ledger.oldest_waiting_dues() == {TASK: DUE + 5 * SLOT}
-    assert ledger.skipped_counts() == {}  # no entry carries issue 24's `skipped` yet
+    assert ledger.skipped_counts() == {}  # no entry is `skipped` yet
 
     times = {(r.task_key, r.due): r for r in ledger.due_times_since(DUE - SLOT)}
     assert len(times) == 6  # the scheduled dues; the manual launch has none
@@ -121,7 +121,7 @@ def test_each_scrape_number_is_what_the_ledger_recorded(ledger: RunLedger) -> No
 
 
 def test_skipped_entries_are_counted_by_reason_word(ledger: RunLedger) -> None:
-    # Issue 24 writes `skipped` entries; until then the test writes them as a row would be.
+    # The test writes `skipped` entries itself, as the overlap and pause policies would.
     for n, why in enumerate(("overlap: entry 4 running", "paused by alice: maintenance")):
         entry = scheduled(ledger, DUE + n * SLOT)
         with ledger.transaction() as conn:

@@ -1,4 +1,4 @@
-"""DESIGN rule 6, read from the migrations' own source: a ledger migration only adds.
+"""Read from the migrations' own source: a ledger migration only adds.
 
 What ``upgrade()`` of a revision may do, checked on its AST (nothing is run):
 

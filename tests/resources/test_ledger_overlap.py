@@ -1,4 +1,4 @@
-"""The ledger's side of the overlap policies, pauses and skipped dues (issue 24), on SQLite and
+"""The ledger's side of the overlap policies, pauses and skipped dues, on SQLite and
 PostgreSQL: ``claim_with_overlap`` under skip / buffer_one / replace, two claims racing, a
 paused due written once, and one open pause per task and source."""
 

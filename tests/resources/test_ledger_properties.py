@@ -8,8 +8,8 @@ reclaims and clock ticks by three fake run ids, and checks after every step
   (except the documented reset by re-dispatch) and never exceeds max_attempts; run ids are
   only appended; only a running entry has a lease, held by its latest run; summaries stay
   bounded;
-- that every answer and resulting state equals a small reference model of the rules
-  (DESIGN.md, "Ledger rules"), so no interleaving reaches a state the rules do not allow;
+- that every answer and resulting state equals a small reference model of the rules,
+  so no interleaving reaches a state the rules do not allow;
 - and that the core's pure rules (resources/core/rules.py), asked about the entry as it was
   before the step, predict the store's answer and every column it wrote: the rules the
   docs point to are the rules the SQL enforces.
@@ -53,7 +53,7 @@ operations = st.one_of(
     st.tuples(st.just("heartbeat"), runs),
     st.tuples(st.just("succeed"), runs),
     # The last item: will a retry come (Dagster will relaunch the run)? Without one the
-    # attempt is final whatever attempts are left (issue 23).
+    # attempt is final whatever attempts are left.
     st.tuples(st.just("fail"), runs, st.sampled_from(RUN_FAILURE_KINDS), st.booleans()),
     st.tuples(st.just("reject"), runs),
     st.tuples(st.just("settle"), runs, st.sampled_from(RUN_FAILURE_KINDS)),

@@ -246,7 +246,7 @@ def test_concurrent_first_runs_create_the_bookkeeping_tables_once(postgres_url):
     engine.dispose()
 
 
-# --- fenced by the run's claim (issue 14) ---------------------------------------------------
+# --- fenced by the run's claim --------------------------------------------------------------
 
 
 def test_a_run_that_lost_its_lease_queues_no_notification(engine, tmp_path):

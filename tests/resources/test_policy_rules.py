@@ -1,4 +1,4 @@
-"""The scheduling policies' pure decisions (issue 24), as tables: overlap, pause on failure,
+"""The scheduling policies' pure decisions, as tables: overlap, pause on failure,
 deadlines, catch-up steps, and which runs map onto a due's entry."""
 
 from __future__ import annotations

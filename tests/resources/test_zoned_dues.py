@@ -1,9 +1,9 @@
-"""The DST rule (issue 24, item 7): a rule read in a time zone, across clock changes.
+"""The DST rule: a rule read in a time zone, across clock changes.
 
 A local time that does not exist runs once at the next valid instant; a repeated local time
 runs once, at its first occurrence; keys stay UTC. Two kinds of test:
 
-- named instants (STYLE 9): Berlin's spring-forward and fall-back days, a 30-minute change
+- named instants: Berlin's spring-forward and fall-back days, a 30-minute change
   (Australia/Lord_Howe), a day that did not exist (Pacific/Apia, 2011-12-30), for daily,
   hourly and minutely crons;
 - a property test (hypothesis) over the IANA zones ``zoneinfo`` knows x 20 years x the

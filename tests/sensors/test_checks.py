@@ -118,7 +118,7 @@ def test_slot_health_reports_the_check_and_the_catalog_sees_it_fail(ledger_env: 
 
 def test_executing_one_tasks_check_evaluates_that_check_alone(ledger: RunLedger) -> None:
     # Every task's check is one multi-asset check definition (a node of Dagster's asset
-    # graph per check made the location's load grow twice as fast, issue 25); "Execute" on
+    # graph per check made the location's load grow twice as fast); "Execute" on
     # one task's check in the Catalog must still evaluate that one, from the ledger.
     module = fixture_module()
     views = module.views_of(module.STRICT, module.TWIN)

@@ -1,4 +1,4 @@
-"""A zombie run worker commits no side effect after its lease was reclaimed (issue 14, item 3).
+"""A zombie run worker commits no side effect after its lease was reclaimed.
 
 The worker is Dagster's real run worker process (``dagster api execute_run``) for a run the
 real scheduler created, running ``fenced_task`` of tests/fixtures/ledger_defs.py: it claims

@@ -190,7 +190,7 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
     assert "Ledger health as of 2026-11-30T23:00:00Z" in (report.md_str or "")
     assert "Needs attention" in (report.md_str or "")
     assert isinstance(metadata["needs_attention"], dg.TableMetadataValue)
-    # The table a person reads first comes first (issue 27): each task's latest due.
+    # The table a person reads first comes first: each task's latest due.
     assert next(iter(metadata)) == "latest_dues"
     latest = metadata["latest_dues"].value
     assert "| task | status | lag | runs | latest due | next |" in latest
@@ -305,7 +305,7 @@ def _tick(ledger: RunLedger, views, now: datetime, cursor: str | None) -> dg.Sen
 
 
 def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_success(ledger):
-    # Issue 25: evaluating every task's check every slot cost O(tasks) per slot (5 s and 500
+    # Evaluating every task's check every slot once cost O(tasks) per slot (5 s and 500
     # stored evaluations at 500 tasks on 5-minute slots). A success is final, so a task's
     # check changes only with its next due -- or while its entry is not a success.
     both = _two_cadences()
@@ -324,7 +324,7 @@ def test_a_check_is_evaluated_again_only_when_its_due_moved_or_it_was_not_a_succ
     assert _checked_tasks(third) == ["strict_task"]
     fourth = _tick(ledger, both, at(23, 16), third.cursor)  # 23:00 finished: hourly_task too
     assert _checked_tasks(fourth) == ["hourly_task", "strict_task"]
-    # A cursor of the sensor before issue 25 (no unsettled list): every check once.
+    # A cursor of an older sensor (no unsettled list): every check once.
     old = json.dumps({"slot": "2026-11-30T23:15:00Z", "at": at(23, 16).isoformat()})
     assert _checked_tasks(_tick(ledger, both, at(23, 31), old)) == ["hourly_task", "strict_task"]
 

@@ -304,7 +304,7 @@ def test_a_redispatch_sensor_evaluates_once_per_eighth_of_its_slot_30_s_to_2_min
 
 def test_the_code_location_has_one_redispatch_sensor_for_every_task_at_the_slot_interval():
     # One sensor, not one per task: its cost follows the entries to re-dispatch, not the
-    # number of tasks (issue 25). It targets every task job, so its run keys name the task.
+    # number of tasks. It targets every task job, so its run keys name the task.
     views = task_views()
     sensors = {s.name: s for s in build_sensors(views)}
     assert not [name for name in sensors if name.endswith("_redispatch_sensor")]
@@ -1022,7 +1022,7 @@ def test_a_retry_the_retry_daemon_passed_over_does_not_leave_the_entry_waiting(
         assert run.run_id in (after.error or "")
 
 
-# --- runs launched from the UI carry no dueledger tags (issue 12) ---------------------------
+# --- runs launched from the UI carry no dueledger tags --------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Pauses, pause on failure and deadlines through the real scheduler and sensor daemon code
-paths (issue 24, items 2-4): tests/fixtures/policy_defs.py's tasks, the production schedule
+paths: tests/fixtures/policy_defs.py's tasks, the production schedule
 factory and sensors (their clock Dagster's, frozen in each tick), runs executed as a worker
 executes them. Dues lie just ahead of the wall clock, so the ledger's own stamps (the wall
 clock) fall before them, as in production.

@@ -2,7 +2,7 @@
 
 Evaluated as a function against a real SQLite ledger (what it reads, which keys it asks
 for), and through the real sensor daemon with two tasks whose launches failed at the same
-due -- the case that kept one sensor per task before issue 25: Dagster looks a sensor's run
+due -- the case that once kept one sensor per task: Dagster looks a sensor's run
 keys up by sensor name, so both tasks' first re-dispatch must not share a key.
 """
 

@@ -1,4 +1,4 @@
-"""Is a due missed? One answer from every reader, on both backends (issue 23, item 4), and
+"""Is a due missed? One answer from every reader, on both backends, and
 Dagster's schedule state mirrored into the ledger by the outcome sensor's service.
 
 Regression: a deployment started at 14:53 reported the 14:45 due of order_cleanup as missed

@@ -1,4 +1,4 @@
-"""Indexes for `runs list` filters and `summary` counts (issue 5).
+"""Indexes for `runs list` filters and `summary` counts.
 
 Revision ID: 0002_list_and_summary_indexes
 Revises: 0001_initial
@@ -16,7 +16,7 @@ backends scan the newest-first index filtering out rows for rare statuses.
   and found by status; an index on ``updated_at`` would make every summary or hook update
   of a row a non-HOT update on PostgreSQL.)
 
-Additive only (DESIGN rule 6); the downgrade drops nothing but these indexes.
+Additive only; the downgrade drops nothing but these indexes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The claim generation: the fencing token a run's side effects are checked against (issue 14).
+"""The claim generation: the fencing token a run's side effects are checked against.
 
 Revision ID: 0003_claim_generation
 Revises: 0002_list_and_summary_indexes
@@ -9,7 +9,7 @@ generation) as its fence, and each domain side effect commits only while the ent
 ``running`` under that owner and generation. Existing rows start at 0; the first claim
 after the upgrade makes an entry's generation 1.
 
-Additive only (DESIGN rule 6): the downgrade refuses, because dropping the column would
+Additive only: the downgrade refuses, because dropping the column would
 discard the tokens that running runs hold.
 """
 
@@ -37,5 +37,5 @@ def downgrade() -> None:
     raise RuntimeError(
         "refusing to downgrade 0003_claim_generation: dropping dueledger_entries.claim_generation "
         "would discard the fencing tokens of running runs (ledger migrations are add-only, "
-        "DESIGN rule 6)"
+        "nothing that holds ledger history is ever dropped)"
     )

@@ -11,7 +11,7 @@ while the channel is down, and settled ``delivered`` or ``failed`` with the erro
 (resources/ledger/deliveries.py).
 
 Self-contained (its own types, no import of schema.py) so it can be renumbered on its own.
-Additive only (DESIGN rule 6): a new table, nothing else is touched.
+Additive only: a new table, nothing else is touched.
 """
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def downgrade() -> None:
     # Dropping the table would delete the record of which alerts reached whom.
     raise RuntimeError(
         f"refusing to downgrade {revision}: it would drop {TABLE} with its delivery records "
-        f"(ledger migrations are add-only, DESIGN rule 6)"
+        f"(ledger migrations are add-only: nothing that holds ledger history is ever dropped)"
     )

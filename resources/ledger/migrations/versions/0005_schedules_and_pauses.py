@@ -13,7 +13,7 @@ paused through the CLI): dues inside a pause are paused, not missed. Rows are cl
 (``resumed_at``), never deleted.
 
 Self-contained (its own types, no import of schema.py) so it can be renumbered on its own.
-Additive only (DESIGN rule 6): two new tables, nothing else is touched.
+Additive only: two new tables, nothing else is touched.
 """
 
 from __future__ import annotations
@@ -63,5 +63,5 @@ def downgrade() -> None:
     # Dropping the tables would lose when tasks ran and why they were paused.
     raise RuntimeError(
         f"refusing to downgrade {revision}: it would drop {SCHEDULES} and {PAUSES} "
-        f"(ledger migrations are add-only, DESIGN rule 6)"
+        f"(ledger migrations are add-only: nothing that holds ledger history is ever dropped)"
     )

@@ -1,4 +1,4 @@
-"""Indexes that keep a Prometheus scrape cheap on a large ledger (issue 27).
+"""Indexes that keep a Prometheus scrape cheap on a large ledger.
 
 Revision ID: 0006_metrics_indexes
 Revises: 0005_schedules_and_pauses
@@ -21,7 +21,7 @@ refused runs and hook failures parses every entry's JSON summary.
   PostgreSQL both are containment tests (``@>``): the planner estimates those as rare and
   uses the index, where a ``<> '[]'`` test was estimated at half the table and scanned it.
 
-Self-contained (no import of schema.py). Additive only (DESIGN rule 6); the downgrade drops
+Self-contained (no import of schema.py). Additive only; the downgrade drops
 nothing but these indexes. On PostgreSQL the upgrade builds them inside the migration's
 transaction, which holds writes to the entries table back while it runs (about 4 s per
 million entries here; docs/deployment.md, "Migrating the ledger").

@@ -1,4 +1,4 @@
-"""Scheduling policies (issue 24): a lock row per task for the overlap decision, and at most
+"""Scheduling policies: a lock row per task for the overlap decision, and at most
 one open pause per task and source.
 
 Revision ID: 0007_scheduling_policies
@@ -15,7 +15,7 @@ decide one after the other; the row also names the run waiting for its turn unde
 resumed, so two processes pausing a task at once (two daemons pausing on failure, a CLI pause
 racing another) leave one open pause, never two.
 
-Self-contained (no import of schema.py). Additive only (DESIGN rule 6): a new table and a new
+Self-contained (no import of schema.py). Additive only: a new table and a new
 index; the downgrade refuses, as the lock rows name waiting runs.
 """
 
@@ -59,5 +59,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     raise RuntimeError(
         f"refusing to downgrade {revision}: {TASK_LOCKS} names runs waiting for their turn "
-        f"(ledger migrations are add-only, DESIGN rule 6)"
+        f"(ledger migrations are add-only: nothing that holds ledger history is ever dropped)"
     )

@@ -1,5 +1,4 @@
-"""Indexes for what the sensors read each tick: ``(status, due)`` and ``(updated_at)``
-(issue 25).
+"""Indexes for what the sensors read each tick: ``(status, due)`` and ``(updated_at)``.
 
 Revision ID: 0008_sensor_read_indexes
 Revises: 0007_scheduling_policies
@@ -18,7 +17,7 @@ tasks (bench/scale.py measures both sensors on 10,000 and 100,000 entries). Writ
 reclaim was never a HOT update on PostgreSQL; ``due`` never changes; only an update of the
 summary alone (a hook's result) stops being HOT because of ``updated_at``.
 
-Additive only (DESIGN rule 6); the downgrade drops these indexes and nothing else.
+Additive only; the downgrade drops these indexes and nothing else.
 """
 
 from __future__ import annotations
