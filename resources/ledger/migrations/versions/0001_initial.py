@@ -99,6 +99,7 @@ def downgrade() -> None:
     # Dropping these tables would delete the ledger: who ran what, why, and every error.
     raise RuntimeError(
         "refusing to downgrade the initial ledger revision: it would drop dueledger_entries "
-        "and dueledger_audit with their data (ledger migrations are add-only: nothing that holds ledger history is ever dropped); "
+        "and dueledger_audit with their data (ledger migrations are add-only: nothing that "
+        "holds ledger history is ever dropped); "
         "to start over, point DUELEDGER_DATABASE_URL at a new, empty database instead"
     )
