@@ -2,9 +2,9 @@
 
 `DomainRules` is a Dagster resource holding every tunable of the billing, auto-renew,
 ticket and log-archive rules, with the seed's defaults. It is validated when it is
-constructed -- at definition load for the values in `orchestration/catalog.py`, and at
+constructed -- at definition load for the values in `domain_resources()` below, and at
 run start for values given as run config in the launchpad -- by building the pure
-policy objects the rules use (``assets.policies``, free of pandas: validating them does
+policy objects the rules use (``assets.tunables``, free of pandas: validating them does
 not load the rules), so a bad value (negative day, unknown channel) fails with a message
 naming the field and the fix, before anything runs.
 """
@@ -97,7 +97,7 @@ class DomainRules(dg.ConfigurableResource):
             raise DomainRulesError(
                 f"DomainRules.{name}={days!r} must be a whole number of days in "
                 f"{minimum}..{maximum}; fix it where DomainRules is configured "
-                f"(orchestration/catalog.py or the run's resource config)"
+                f"(assets/domain_config.py: domain_resources, or the run's resource config)"
             )
         return timedelta(days=days)
 
@@ -109,7 +109,7 @@ class DomainRules(dg.ConfigurableResource):
         except ValueError as exc:
             raise DomainRulesError(
                 f"DomainRules.{name}: {exc}; fix it where DomainRules is configured "
-                f"(orchestration/catalog.py or the run's resource config)"
+                f"(assets/domain_config.py: domain_resources, or the run's resource config)"
             ) from None
 
     def reminder_policy(self) -> ReminderPolicy:

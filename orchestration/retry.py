@@ -158,7 +158,8 @@ def evaluate_retry(
                 CHECK_REGISTERED,
                 False,
                 unregistered
-                or f"task {parent.task_key!r} is no longer registered in orchestration/tasks.py",
+                or f"task {parent.task_key!r} is no longer declared "
+                f"(`dueledger tasks` lists what is)",
             )
         )
         checks.append(
@@ -174,8 +175,8 @@ def evaluate_retry(
                 + (
                     "may be triggered manually"
                     if spec.manual_trigger
-                    else "is not manually triggerable; set manual_trigger=True in "
-                    "orchestration/tasks.py if manual runs are safe for it"
+                    else "is not manually triggerable; set manual_trigger: true where the task "
+                    "is declared (its defs.yaml) if manual runs are safe for it"
                 ),
             )
         )

@@ -1,6 +1,6 @@
 """Ending the ledger entry of a run whose task is not registered (``unsupported_task``).
 
-One rule, two callers: the claim wrapper (``orchestration/services/runtime.py``), when a run
+One rule, two callers: the run path (``orchestration/task_run.py``), when a run
 that did start carries a ``dueledger/task`` the code location does not declare, and the outcome
 sensor (``sensors/outcomes.py``), when Dagster ended a run of such a task before it could start --
 a queued run whose job left the code location with its plugin -- or an entry waits in

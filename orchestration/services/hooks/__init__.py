@@ -32,9 +32,9 @@ listener that times out or raises does not deny.
 
 Every outcome is logged as one JSON object per line (logger ``dueledger.hooks``, and the
 Dagster run/tick log when there is one) and stored, bounded, on the run's ledger entry
-(``summary.hooks``). This package does not import Dagster; ``orchestration/factory.py``,
-``orchestration/services/manual.py``, ``orchestration/services/task_events.py`` and
-``assets/domain_assets.py`` (``billing_maintenance``) are the thin shells that fire the events.
+(``summary.hooks``). This package does not import Dagster; ``orchestration/task_defs.py``
+(schedules and runs), ``orchestration/manual_launch.py``, ``orchestration/services/task_events.py``
+and ``assets/billing/tasks.py`` (``billing_maintenance``) fire the events.
 
 Modules: ``model`` (events, outcomes, results, context, listeners, the loaded registry),
 ``loading`` (entry points and the config file), ``firing`` (isolation and timeouts),

@@ -89,7 +89,7 @@ def _as_listeners(obj: Any, what: str) -> list[Listener]:
     )
 
 
-# ``tasks`` is the plugin tasks' allow-list table (orchestration/services/task_plugins.py reads it).
+# ``tasks`` is the plugin tasks' allow-list table (orchestration/declarations.py reads it).
 _CONFIG_KEYS: Final = {"listeners", "disable_entry_points", "overrides", "tasks"}
 _LISTENER_KEYS: Final = {"target", "events", "blocking", "timeout_seconds", "name"}
 _OVERRIDE_KEYS: Final = {"blocking", "timeout_seconds", "events"}
