@@ -189,6 +189,78 @@ def unissued_launch(spec: TaskSpec, request: EntryRequest, tags: Mapping[str, st
     )
 
 
+def reexecution_parent(
+    tags: Mapping[str, str], parent_tags: Mapping[str, str] | None
+) -> EntryRequest | None:
+    """For a re-execution started from the Dagster UI, the ledger key of its parent run's
+    entry; None for every other run.
+
+    A UI re-execution has ``dagster/parent_run_id`` and no ``dagster/retry_number`` (that
+    one marks Dagster's automatic retries). A run launched by `dueledger runs retry`
+    carries ``dueledger/trigger=manual_retry`` tags that its parent run did not have;
+    Dagster copies a parent's tags onto a re-execution, so the same tags also present on
+    the parent mean a UI re-execution of a manual-retry run. ``parent_tags`` are the
+    parent run's current tags (None when Dagster no longer has that run).
+    """
+    parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
+    if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
+        return None
+    if tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
+        inherited = (
+            parent_tags is not None
+            and parent_tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY
+            and parent_tags.get(t.TAG_PARENT_ENTRY) == tags[t.TAG_PARENT_ENTRY]
+        )
+        if not inherited:
+            return None
+    # The parent's own key; its copied tags give the same key when the run is gone.
+    source = parent_tags if parent_tags is not None and t.TAG_TASK in parent_tags else tags
+    return entry_request_from_tags(source, parent_run_id)
+
+
+@dataclass(frozen=True)
+class RunAttribution:
+    """Everything a run's tags say about the entry it is for, read once, before any rule.
+
+    ``request``: the entry the run names itself; ``parent``: for a re-execution started from
+    the Dagster UI, its parent run's entry (the retry rules decide what it claims); and, for a
+    task that is not manually triggerable, why the run may not act as itself (``unissued``) or
+    as its parent's first attempt (``parent_unissued``) -- None: it may."""
+
+    tags: Mapping[str, str]
+    request: EntryRequest
+    parent_run_id: str | None = None
+    parent: EntryRequest | None = None
+    unissued: str | None = None
+    parent_unissued: str | None = None
+
+
+def attribute_run(
+    spec: TaskSpec,
+    tags: Mapping[str, str],
+    run_id: str,
+    parent_tags: Callable[[str], Mapping[str, str] | None],
+) -> RunAttribution:
+    """Which entry run ``run_id`` of ``spec``'s asset is for (see the module docstring);
+    ``parent_tags(run_id)``: the tags of a run Dagster has (None: gone), asked only for the
+    parent of a UI re-execution."""
+    tags = task_tags(tags, spec)
+    request = entry_request_from_tags(tags, run_id)
+    parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
+    parent = None
+    if parent_run_id and t.DAGSTER_RETRY_NUMBER not in tags:
+        found = parent_tags(parent_run_id)
+        parent = reexecution_parent(tags, task_tags(found, spec) if found is not None else None)
+    return RunAttribution(
+        tags,
+        request,
+        parent_run_id=parent_run_id if parent is not None else None,
+        parent=parent,
+        unissued=unissued_launch(spec, request, tags),
+        parent_unissued=unissued_launch(spec, parent, tags) if parent is not None else None,
+    )
+
+
 # --- `dueledger launch` -----------------------------------------------------------------------
 
 #: How a manual launch submits its run: (job name, run id, tags); raises LaunchFailed.

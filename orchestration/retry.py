@@ -20,7 +20,7 @@
   the parent has no Dagster run left, a new run of the task's job is launched with the lineage
   tags set by hand (docs/operators.md says exactly what differs).
 - **"Re-execute" in the UI** follows the same rules at claim time, as operator ``dagster-ui``
-  (:func:`reexecution_request`).
+  (:func:`entry_of_run`).
 - **Lineage**: every run of an entry's lineage carries ``dueledger/lineage=<root entry>``
   (:func:`lineage_root`), so one Runs filter shows the retries.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from orchestration.manual_launch import EntryRequest, entry_request_from_tags, task_tags
+from orchestration.manual_launch import EntryRequest, RunAttribution
 from orchestration.services.launch import Launcher, LaunchFailed, retry_run_id
 from orchestration.task_spec import TaskSpec, find_task, task_run_tags
 from resources.core import tags as t
@@ -233,35 +233,6 @@ def evaluate_child_redispatch(
             else f"{who} was itself retried by {child.manual_retry_by}; see its child",
         ),
     ]
-
-
-def ui_reexecution_parent(
-    tags: Mapping[str, str], parent_tags: Mapping[str, str] | None
-) -> EntryRequest | None:
-    """For a re-execution started from the Dagster UI, the ledger key of its parent run's
-    entry; None for every other run (the UI follows the manual-retry rules).
-
-    A UI re-execution has ``dagster/parent_run_id`` and no ``dagster/retry_number`` (that
-    one marks Dagster's automatic retries). A run launched by `dueledger runs retry`
-    carries ``dueledger/trigger=manual_retry`` tags that its parent run did not have;
-    Dagster copies a parent's tags onto a re-execution, so the same tags also present on
-    the parent mean a UI re-execution of a manual-retry run. ``parent_tags`` are the
-    parent run's current tags (None when Dagster no longer has that run).
-    """
-    parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
-    if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
-        return None
-    if tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY and t.TAG_PARENT_ENTRY in tags:
-        inherited = (
-            parent_tags is not None
-            and parent_tags.get(t.TAG_TRIGGER) == Trigger.MANUAL_RETRY
-            and parent_tags.get(t.TAG_PARENT_ENTRY) == tags[t.TAG_PARENT_ENTRY]
-        )
-        if not inherited:
-            return None
-    # The parent's own key; its copied tags give the same key when the run is gone.
-    source = parent_tags if parent_tags is not None and t.TAG_TASK in parent_tags else tags
-    return entry_request_from_tags(source, parent_run_id)
 
 
 def is_retry_of_a_dispatch_failure(run_tags: Mapping[str, str], entry: Entry) -> bool:
@@ -818,63 +789,51 @@ def unrecorded_retry_refusal(
 
 @dataclass(frozen=True)
 class Reexecution:
-    """What a run's claim does about rule 4 (:func:`reexecution_request`): claim ``request``,
-    or do nothing (``refusal``); ``retry_tags`` go on the run when it became a manual retry
-    (so the UI shows it, and Dagster's automatic retries of it land on the child entry);
-    ``fatal``: the run names a retry of an entry that does not exist -- it fails, unretried."""
+    """What a run's claim does about the manual-retry rule (:func:`_reexecution`): claim
+    ``request``, or do nothing (``refusal``); ``retry_tags`` go on the run when it became a
+    manual retry (so the UI shows it, and Dagster's automatic retries of it land on the child
+    entry); ``fatal``: the run names a retry of an entry that does not exist -- it fails,
+    unretried; ``unissued``: why a task that is not manually triggerable may not run this."""
 
     request: EntryRequest
     refusal: UiRetryOutcome | None = None
     retry_tags: Mapping[str, str] = field(default_factory=dict)
     fatal: bool = False
+    unissued: str | None = None
     #: What was allowed, for the run's log (None: nothing to say).
     note: str | None = None
 
 
-def reexecution_request(
-    ledger: Ledger,
-    spec: TaskSpec,
-    request: EntryRequest,
-    *,
-    run_id: str,
-    tags: Mapping[str, str],
-    parent_tags: Callable[[str], Mapping[str, str] | None],
-    now: datetime | None = None,
+def _reexecution(
+    ledger: Ledger, spec: TaskSpec, run: RunAttribution, run_id: str, now: datetime | None
 ) -> Reexecution:
-    """Rule 4 at claim time, before any side effect: the request to claim, or the refusal.
+    """The manual-retry rule at claim time, before any side effect: the request to claim, or
+    the refusal.
 
-    A re-execution started from the Dagster UI ("Re-execute" on a run page:
-    ``dagster/parent_run_id`` and no ``dagster/retry_number``) becomes a manual retry of its
-    parent run's entry by operator ``dagster-ui``, under the same checks and the same one
-    transaction as `runs retry` (:func:`record_retry`), or is refused and does nothing. A run
-    tagged ``dueledger/trigger=manual_retry`` claims only a retry that was recorded: it never
-    creates the child itself (a launchpad run with hand-typed tags bypasses nothing). Every
-    other run passes unchanged. ``parent_tags``: the tags of a run Dagster has (None: gone).
+    A re-execution started from the Dagster UI ("Re-execute" on a run page) becomes a manual
+    retry of its parent run's entry by operator ``dagster-ui``, under the same checks and the
+    same one transaction as `runs retry` (:func:`record_retry`), or is refused and does
+    nothing. A run tagged ``dueledger/trigger=manual_retry`` claims only a retry that was
+    recorded: it never creates the child itself (a launchpad run with hand-typed tags
+    bypasses nothing). Every other run passes unchanged.
     """
-    tags = task_tags(tags, spec)
-    parent_run_id = tags.get(t.DAGSTER_PARENT_RUN_ID)
-    if not parent_run_id or t.DAGSTER_RETRY_NUMBER in tags:
-        return _recorded_retry_only(ledger, request, run_id, now)
-    found = parent_tags(parent_run_id)
-    parent_request = ui_reexecution_parent(
-        tags, task_tags(found, spec) if found is not None else None
-    )
-    if parent_request is None:
-        return _recorded_retry_only(ledger, request, run_id, now)
+    parent_request = run.parent
+    if parent_request is None or run.parent_run_id is None:
+        return _recorded_retry_only(ledger, run.request, run_id, now, run.unissued)
     outcome = retry_for_ui_reexecution(
         ledger,
         task_key=parent_request.task_key,
         dedup_key=parent_request.dedup_key,
         run_id=run_id,
-        parent_run_id=parent_run_id,
+        parent_run_id=run.parent_run_id,
         spec=spec,
         now=now,
     )
     if not outcome.allowed:
-        return Reexecution(request, outcome)
+        return Reexecution(run.request, outcome)
     child = outcome.entry
     if child is None:  # the parent run never reached the ledger: this is its first attempt
-        first = _recorded_retry_only(ledger, parent_request, run_id, now)
+        first = _recorded_retry_only(ledger, parent_request, run_id, now, run.parent_unissued)
         return replace(first, note=outcome.message)
     assert child.parent_id is not None
     retry_tags = {
@@ -887,11 +846,15 @@ def reexecution_request(
 
 
 def _recorded_retry_only(
-    ledger: Ledger, request: EntryRequest, run_id: str, now: datetime | None
+    ledger: Ledger,
+    request: EntryRequest,
+    run_id: str,
+    now: datetime | None,
+    unissued: str | None,
 ) -> Reexecution:
     """A ``manual_retry`` run claims the child its retry recorded; it never creates one."""
     if request.trigger != Trigger.MANUAL_RETRY or request.parent_id is None:
-        return Reexecution(request)
+        return Reexecution(request, unissued=unissued)
     refusal = unrecorded_retry_refusal(
         ledger,
         task_key=request.task_key,
@@ -900,7 +863,86 @@ def _recorded_retry_only(
         operator=request.operator,
         now=now,
     )
-    return Reexecution(request, refusal, fatal=refusal is not None and refusal.entry is None)
+    return Reexecution(
+        request,
+        refusal,
+        fatal=refusal is not None and refusal.entry is None,
+        unissued=unissued,
+    )
+
+
+# --- the entry a run is an attempt of --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """The entry a run is an attempt of (``entry``), or why the run may not act
+    (``refusal``: already audited where a rule decided it; ``fatal``: the run fails,
+    unretried). ``lineage``: the root of the entry's manual-retry lineage (its Runs filter)."""
+
+    request: EntryRequest
+    entry: Entry | None
+    refusal: str | None = None
+    fatal: bool = False
+    lineage: int | None = None
+    retry_tags: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def entry_of_run(
+    ledger: Ledger,
+    spec: TaskSpec,
+    run: RunAttribution,
+    *,
+    run_id: str,
+    ended_ancestor: Callable[[str], str | None],
+    now: datetime | None = None,
+) -> RunEntry:
+    """The entry run ``run_id`` of ``spec``'s task runs as, every retry rule applied once.
+
+    The manual-retry rule first (a UI re-execution becomes a manual retry or is refused; a
+    ``manual_retry`` run claims only a recorded retry), then the manual trigger (a task that
+    is not manually triggerable runs only what dueledger issued), then the entry itself,
+    insert-or-ignore on its key, and Dagster's automatic attempts of it: a dead chain member's
+    attempt settled (:func:`settle_parent_of_automatic_retry`), a dispatch failure resumed
+    (:func:`resume_dispatch_failed_entry`).
+    """
+    rule = _reexecution(ledger, spec, run, run_id, now)
+    notes = (rule.note,) if rule.note else ()
+    if rule.refusal is not None:
+        refused = rule.refusal.entry
+        return RunEntry(
+            rule.request,
+            refused,
+            refusal=rule.refusal.message,
+            fatal=rule.fatal,
+            lineage=lineage_root(ledger, refused) if refused is not None else None,
+        )
+    if rule.unissued is not None:
+        return RunEntry(rule.request, None, refusal=rule.unissued)
+    request = rule.request
+    entry = ledger.ensure_entry(
+        task_key=request.task_key,
+        trigger=request.trigger,
+        dedup_key=request.dedup_key,
+        due=request.due,
+        max_attempts=spec.max_attempts,
+        operator=request.operator,
+        reason=request.reason,
+        parent_id=request.parent_id,
+        now=now,
+    )
+    entry = settle_parent_of_automatic_retry(
+        ledger, entry, run_id=run_id, tags=run.tags, ended_ancestor=ended_ancestor, now=now
+    )
+    entry, resumed = resume_dispatch_failed_entry(ledger, entry, run.tags, now)
+    return RunEntry(
+        request,
+        entry,
+        lineage=lineage_root(ledger, entry),
+        retry_tags=rule.retry_tags,
+        notes=notes + ((resumed,) if resumed else ()),
+    )
 
 
 # --- Dagster's automatic attempts of an entry ----------------------------------------------------

@@ -3,18 +3,18 @@ tags name, claim it under the rules, keep the lease, record the outcome.
 
 The path reads top-down, each rule asked once, by its own module:
 
-1. which entry the run is for (``manual_launch.entry_request_from_tags``: the namespaces);
+1. which entry the run's tags name, and, for a re-execution from the UI, its parent's
+   (``manual_launch.attribute_run``: the namespaces);
 2. a task the code location does not register ends the run unsupported (:class:`Unsupported`);
-3. "Re-execute" in the UI and ``manual_retry`` runs (``retry.reexecution_request``);
-4. a task that is not manually triggerable runs only what dueledger issued
-   (``manual_launch.unissued_launch``);
-5. the entry, insert-or-ignore; a dead chain member's attempt settled and a dispatch failure
-   resumed by Dagster's automatic retry (``retry``);
-6. a due inside a pause ends ``skipped`` (``pause.skip_paused_due``);
-7. the claim under the task's overlap policy (``overlap.claim_with_overlap``), or the plain
+3. the entry it is an attempt of (``retry.entry_of_run``): "Re-execute" in the UI and
+   ``manual_retry`` runs under the manual-retry rule, a task that is not manually triggerable
+   running only what dueledger issued, the entry itself (insert-or-ignore), a dead chain
+   member's attempt settled and a dispatch failure resumed by Dagster's automatic retry;
+4. a due inside a pause ends ``skipped`` (``pause.skip_paused_due``);
+5. the claim under the task's overlap policy (``overlap.claim_with_overlap``), or the plain
    compare-and-set claim with a lease (``Ledger.claim``).
 
-:func:`prepare` does 1-6, :func:`claim` does 7 and may answer :class:`Waiting` (the caller
+:func:`prepare` does 1-4, :func:`claim` does 5 and may answer :class:`Waiting` (the caller
 asks again); a run that may not act gets :class:`Unclaimed`, already audited. A claimed run
 works under a :class:`Heartbeat`, every side effect fenced (``TaskRun.guard``), and ends with
 :func:`succeed` or :func:`fail`. Dagster-free: the task asset (``orchestration/task_defs.py``)
@@ -31,20 +31,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final, Protocol
 
-from orchestration.manual_launch import (
-    EntryRequest,
-    entry_request_from_tags,
-    task_tags,
-    unissued_launch,
-)
+from orchestration.manual_launch import EntryRequest, attribute_run
 from orchestration.overlap import OverlapAction, claim_with_overlap, waits_its_turn
 from orchestration.pause import skip_paused_due
-from orchestration.retry import (
-    lineage_root,
-    reexecution_request,
-    resume_dispatch_failed_entry,
-    settle_parent_of_automatic_retry,
-)
+from orchestration.retry import entry_of_run, resume_dispatch_failed_entry
 from orchestration.task_spec import LEDGER_OVERLAP_POLICIES, TaskSpec, find_task
 from resources.core import tags as t
 from resources.core.entry import (
@@ -110,6 +100,8 @@ class Prepared:
     request: EntryRequest
     entry: Entry
     as_of: datetime
+    #: The root of the entry's manual-retry lineage (``dueledger/lineage``).
+    lineage: int
     #: Tags for the Dagster run (a UI re-execution turned manual retry).
     run_tags: Mapping[str, str] = field(default_factory=dict)
     #: What the path did that the run's log should say.
@@ -174,16 +166,6 @@ class Claimed:
     message: str
 
 
-def task_is_registered(task_key: str, spec: TaskSpec, tasks: Sequence[TaskSpec]) -> bool:
-    """May a run tagged ``dueledger/task=task_key`` run the body of ``spec``'s asset?
-
-    Yes for the asset's own task and for any other registered task; no for a key the code
-    location no longer declares (its plugin was removed, or the key was renamed while the
-    asset stayed): such a run is unsupported.
-    """
-    return task_key == spec.key or find_task(tasks, task_key) is not None
-
-
 def run_as_of(request: EntryRequest, facts: RunFacts) -> datetime:
     """The instant a run computes "as of": its due, else ``facts.as_of_without_due()`` (when
     its root run was created, or the end of its partition's window when that is earlier).
@@ -194,66 +176,41 @@ def run_as_of(request: EntryRequest, facts: RunFacts) -> datetime:
 def prepare(
     ledger: Ledger, spec: TaskSpec, tasks: Sequence[TaskSpec], facts: RunFacts
 ) -> Prepared | Unclaimed | Unsupported | Fatal:
-    """Steps 1-6 of the module docstring: the entry this run may claim, or why it may not."""
-    run_id = facts.run_id
-    tags = task_tags(facts.tags, spec)
-    request = entry_request_from_tags(tags, run_id)
-    if not task_is_registered(request.task_key, spec, tasks):
+    """Steps 1-4 of the module docstring: the entry this run may claim, or why it may not."""
+    run = attribute_run(spec, facts.tags, facts.run_id, facts.parent_tags)
+    request = run.request
+    # A run of another registered task may run here (a renamed asset); a key the code location
+    # no longer declares (its plugin removed) may not: the run is unsupported.
+    if request.task_key != spec.key and find_task(tasks, request.task_key) is None:
         return Unsupported(request)
-    rule4 = reexecution_request(
+    found = entry_of_run(
         ledger,
         spec,
-        request,
-        run_id=run_id,
-        tags=tags,
-        parent_tags=facts.parent_tags,
-        now=facts.now(),
-    )
-    if rule4.fatal:
-        assert rule4.refusal is not None
-        return Fatal(rule4.refusal.message)
-    notes: list[str] = []
-    if rule4.refusal is not None:
-        refusal = rule4.refusal
-        return unclaimed(ledger, refusal.message, refusal.entry, rule4.request, facts)
-    request = rule4.request
-    notes += [rule4.note] if rule4.note else []
-    unissued = unissued_launch(spec, request, tags)
-    if unissued is not None:
-        return unclaimed(ledger, unissued, None, request, facts)
-    entry = ledger.ensure_entry(
-        task_key=request.task_key,
-        trigger=request.trigger,
-        dedup_key=request.dedup_key,
-        due=request.due,
-        max_attempts=spec.max_attempts,
-        operator=request.operator,
-        reason=request.reason,
-        parent_id=request.parent_id,
-        now=facts.now(),
-    )
-    entry = settle_parent_of_automatic_retry(
-        ledger,
-        entry,
-        run_id=run_id,
-        tags=tags,
+        run,
+        run_id=facts.run_id,
         ended_ancestor=facts.ended_ancestor,
         now=facts.now(),
     )
-    entry, resumed = resume_dispatch_failed_entry(ledger, entry, tags, facts.now())
-    notes += [resumed] if resumed else []
-    skipped = skip_paused_due(ledger, entry, facts.now())
+    if found.fatal:
+        assert found.refusal is not None
+        return Fatal(found.refusal)
+    if found.refusal is not None:
+        return unclaimed(ledger, found.refusal, found.entry, found.request, facts, found.lineage)
+    assert found.entry is not None and found.lineage is not None
+    skipped = skip_paused_due(ledger, found.entry, facts.now())
     if skipped is not None and skipped.status == Status.SKIPPED:
         reason = skipped.error or "paused"
-        return unclaimed(ledger, reason, skipped, request, facts, t.OUTCOME_SKIPPED)
-    as_of = run_as_of(request, facts)
-    return Prepared(request, entry, as_of, rule4.retry_tags, tuple(notes))
+        return unclaimed(
+            ledger, reason, skipped, found.request, facts, found.lineage, t.OUTCOME_SKIPPED
+        )
+    as_of = run_as_of(found.request, facts)
+    return Prepared(found.request, found.entry, as_of, found.lineage, found.retry_tags, found.notes)
 
 
 def claim(
     ledger: Ledger, spec: TaskSpec, prepared: Prepared, facts: RunFacts
 ) -> Claimed | Unclaimed | Waiting | SecondWorker:
-    """Step 7: claim the entry under the task's overlap policy (see the module docstring)."""
+    """Step 5: claim the entry under the task's overlap policy (see the module docstring)."""
     run_id, entry, request = facts.run_id, prepared.entry, prepared.request
     replaced: tuple[Entry, ...] = ()
     if spec.overlap_policy in LEDGER_OVERLAP_POLICIES:
@@ -271,7 +228,13 @@ def claim(
             return Waiting(found.decision.reason, found.entry)
         if action is OverlapAction.SKIP:
             return unclaimed(
-                ledger, found.decision.reason, found.entry, request, facts, t.OUTCOME_SKIPPED
+                ledger,
+                found.decision.reason,
+                found.entry,
+                request,
+                facts,
+                prepared.lineage,
+                t.OUTCOME_SKIPPED,
             )
         assert found.claim is not None  # CLAIM and REPLACE claim (or refuse, as a claim does)
         result, replaced = found.claim, found.replaced
@@ -286,7 +249,15 @@ def claim(
     if not result.claimed:
         reason = result.reason or f"entry {entry.id}: claim refused, nothing done"
         outcome = t.OUTCOME_SKIPPED if result.entry.status == Status.SKIPPED else None
-        return unclaimed(ledger, reason, result.entry, request, facts, outcome or t.OUTCOME_REFUSED)
+        return unclaimed(
+            ledger,
+            reason,
+            result.entry,
+            request,
+            facts,
+            prepared.lineage,
+            outcome or t.OUTCOME_REFUSED,
+        )
     if result.reentrant:
         message = (
             f"entry {entry.id} {spec.key} {request.dedup_key}: run {run_id} already holds it "
@@ -297,7 +268,7 @@ def claim(
     fence = result.fence
     assert fence is not None  # a claimed result names its owner
     claimed = result.entry
-    run_tags = {**prepared.run_tags, **_entry_tags(ledger, claimed)}
+    run_tags = {**prepared.run_tags, **_entry_tags(claimed, prepared.lineage)}
     if spec.from_plugin and facts.tags.get(t.TAG_SOURCE) != spec.source:
         run_tags[t.TAG_SOURCE] = spec.source
     message = (
@@ -308,9 +279,9 @@ def claim(
     return Claimed(run, fence, request, replaced, run_tags, message)
 
 
-def _entry_tags(ledger: Ledger, entry: Entry) -> dict[str, str]:
+def _entry_tags(entry: Entry, lineage: int) -> dict[str, str]:
     """The run's entry and the entry's lineage: the Runs page finds every run of either."""
-    return {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(lineage_root(ledger, entry))}
+    return {t.TAG_ENTRY: str(entry.id), t.TAG_LINEAGE: str(lineage)}
 
 
 def unclaimed(
@@ -319,6 +290,7 @@ def unclaimed(
     entry: Entry | None,
     request: EntryRequest,
     facts: RunFacts,
+    lineage: int | None,
     outcome: str = t.OUTCOME_REFUSED,
 ) -> Unclaimed:
     """A run the ledger does not let act: audited once (action ``run_refused`` or
@@ -338,8 +310,8 @@ def unclaimed(
         now=facts.now(),
     )
     run_tags = {t.TAG_OUTCOME: outcome}
-    if entry is not None:
-        run_tags |= _entry_tags(ledger, entry)
+    if entry is not None and lineage is not None:
+        run_tags |= _entry_tags(entry, lineage)
     return Unclaimed(outcome, message, entry, request, run_tags)
 
 
