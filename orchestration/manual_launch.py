@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestration.overlap import mark_wait_turn
+from orchestration.overlap import launch_refusal, mark_wait_turn
 from orchestration.services.hooks import CreationGate, Hooks, record
 from orchestration.services.launch import (
     MAX_MANUAL_REDISPATCHES,
@@ -34,7 +34,7 @@ from orchestration.services.launch import (
     manual_run_id,
     submit_run,
 )
-from orchestration.task_spec import OverlapPolicy, TaskSpec, require_task, task_run_tags
+from orchestration.task_spec import TaskSpec, require_task, task_run_tags
 from resources.core import tags as t
 from resources.core.arguments import check_reason, check_request_id
 from resources.core.due import Due
@@ -338,15 +338,9 @@ def launch_manual(
         )
     request_id = request_id or str(uuid.uuid4())
     dispatch, existing = latest_dispatch(instance, task_key, request_id)
-    if existing is None and not queue and spec.overlap_policy == OverlapPolicy.SKIP:
-        running = ledger.in_progress(task_key)
-        if running:
-            busy = running[0]
-            raise Refused(
-                f"task {task_key!r} is running (entry {busy.id}, {busy.label}, {busy.status}) "
-                f"and its overlap policy is skip: this launch would be skipped. Nothing was "
-                f"launched; add --queue to wait for its turn"
-            )
+    skipped = launch_refusal(ledger, spec, queue=queue) if existing is None else None
+    if skipped is not None:
+        raise Refused(skipped)
     if existing is not None and _needs_redispatch(ledger, existing, task_key, request_id):
         # Its run ended before claiming the entry (canceled in the queue, failed to start)
         # and the entry is dispatch_failed, whoever recorded that: this repeat of the

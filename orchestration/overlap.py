@@ -138,6 +138,25 @@ def decide_overlap(
     return OverlapDecision(OverlapAction.SKIP, waiting_reason(waiter), waiter)
 
 
+def launch_refusal(ledger: Ledger, spec: TaskSpec, *, queue: bool) -> str | None:
+    """Why a manual launch of ``spec``'s task would only end ``skipped``: under ``skip``, with
+    the task running, unless the operator asked to wait for its turn (``queue``). The same
+    decision the run's claim makes (:func:`decide_overlap`), asked before anything is
+    launched; None: launch."""
+    if queue or spec.overlap_policy != OverlapPolicy.SKIP:
+        return None
+    running = ledger.in_progress(spec.key)
+    decision = decide_overlap(spec.overlap_policy, 0, [e.id for e in running], None)
+    if decision.action is not OverlapAction.SKIP:
+        return None
+    busy = running[0]
+    return (
+        f"task {spec.key!r} is running (entry {busy.id}, {busy.label}, {busy.status}) "
+        f"and its overlap policy is skip: this launch would be skipped. Nothing was "
+        f"launched; add --queue to wait for its turn"
+    )
+
+
 def replace(entry: EntryState, *, by_entry: int, by_run: str, now: datetime) -> Decision:
     """Overlap ``replace``: a newer run (``by_run``, claiming entry ``by_entry``) ends the
     entry's run: ``running|retrying -> failed`` (kind ``replaced``), lease cleared, so the old
