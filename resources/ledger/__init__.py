@@ -12,8 +12,10 @@
 
 Where each part lives:
 
-- ``resources/core/entries.py`` — vocabulary (origins, claimable statuses, limits) and the
-  dedup-key helpers (Dagster-free, layer 1);
+- ``resources/core/entry.py`` — the entry as a value, its vocabulary (statuses, triggers,
+  failure kinds, origins as enums; claimable statuses, limits) and the dedup-key helpers;
+- ``rules.py`` — the state changes as pure functions over an entry (what a compare-and-set
+  writes, or why it may not);
 - ``schema.py`` — the tables; ``migrations/`` — the Alembic revisions that create them;
 - ``model.py`` — ``Entry``, ``ClaimResult``, the errors, time and summary helpers;
 - ``statements.py`` — the prebuilt SQL per dialect;
@@ -22,6 +24,8 @@ Where each part lives:
 - ``store.py`` — configuration and per-process plumbing (fork handling);
 - ``queries.py`` — the read side; ``transitions.py`` — the compare-and-set state changes;
 - ``deliveries.py`` — the alert delivery records (each alert reaches each channel once);
+  ``scrape_queries.py`` — the indexed reads of a metrics scrape; ``guard.py`` — the fence
+  check every side effect's transaction ends with;
 - ``ledger.py`` — ``Ledger``, all of the above as one type (``Ledger.open(url)`` for a
   command or script: no Dagster); ``resource.py`` — ``RunLedger``, the same ledger as a
   Dagster resource, which migrates once per process at set-up.

@@ -1,12 +1,14 @@
 """``Ledger``: the run ledger's operations, one type, no Dagster.
 
 It joins the read side (``queries.py``), the compare-and-set write side
-(``transitions.py``), the alert delivery records (``deliveries.py``), the schedules and pauses
-(``scheduling.py``), the metrics scrape's queries (``metrics.py``) and the overlap claims and
-skipped entries (``overlap.py``) over the shared plumbing (``store.py``). The services take a
-``Ledger``. Two kinds are made: :meth:`Ledger.open` for a command or a script (`dueledger runs
-list` loads no Dagster), and ``RunLedger`` (``resource.py``), the same ledger as the code
-location's Dagster resource.
+(``transitions.py``), the alert delivery records (``deliveries.py``) and the metrics scrape's
+queries (``scrape_queries.py``) over the shared plumbing (``store.py``): four groups of methods
+over one connection pool, each in the module of its own tables and tests. A rule whose
+transaction spans more than these (a pause and its audit, an overlap claim) writes it in its
+own module through the store's public ``connect``/``apply``, so the rule and its transaction
+read together. The services take a ``Ledger``. Two kinds are made: :meth:`Ledger.open` for a
+command or a script (`dueledger runs list` loads no Dagster), and ``RunLedger``
+(``resource.py``), the same ledger as the code location's Dagster resource.
 """
 
 from __future__ import annotations

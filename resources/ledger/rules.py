@@ -8,9 +8,10 @@ The store (``resources/ledger/transitions.py``) applies a decision as one compar
 ``UPDATE ... WHERE id = :id AND status IN (<the rule's from-statuses>) [AND lease_owner =
 :run]``, so a write that lost a race changes nothing. Its hot path (claim, heartbeat,
 succeed, fail) goes straight to that UPDATE; when the UPDATE matches no row it loads the
-entry and asks the rule here for the reason it records. ``tests/resources/test_rules.py``
-runs every (state, operation) pair both ways -- the rule in memory, the store's SQL on a
-real database -- and requires the same outcome.
+entry and asks the rule here for the reason it records.
+``tests/resources/test_ledger_properties.py`` drives random interleavings of operations
+through the store on a real database and holds every answer against a model of these
+rules.
 """
 
 from __future__ import annotations
