@@ -65,8 +65,8 @@ def ctx(tmp_path: Path) -> Iterator[Any]:
         daemon_workspace(instance, TARGET) as context,
     ):
         run_scheduler_tick(context, DUE - timedelta(minutes=1))  # schedules start before the due
-        # As under `dagster dev`: the sensors run at start-up, and the outcome sensor creates
-        # the task pools before a run of them is queued (sensors/pools.py says why).
+        # As under `dagster dev`: the sensors run at start-up, and the policy sensor creates
+        # the task pools before a run of them is queued (orchestration/overlap.py says why).
         run_sensor_tick(context, DUE - timedelta(seconds=50))
         yield context
 
@@ -102,7 +102,7 @@ def _task_run_ids(instance: dg.DagsterInstance, launchpad: str, catalog: str) ->
 
 def test_ui_catalog_and_scheduled_runs_of_one_task_start_one_at_a_time(ctx: Any) -> None:
     instance = ctx.instance
-    # The outcome sensor gave every task a pool of one slot.
+    # The policy sensor gave every task a pool of one slot.
     assert instance.event_log_storage.get_concurrency_info(TASK).slot_count == 1
     launchpad = _ui_launch(ctx, f"{TASK}_job")
     catalog = _ui_launch(ctx, "__ASSET_JOB", assets=[TASK])

@@ -38,7 +38,7 @@ from resources.core.due import format_due
 from resources.core.entry import Trigger, dedup_key_for_due
 from resources.core.operators import UI_OPERATOR
 from resources.ledger import RunLedger
-from sensors.outcomes import observed_schedules
+from sensors.policies import observed_schedules
 
 SLOT = timedelta(minutes=15)
 SPEC = TaskSpec(
@@ -53,7 +53,7 @@ DAY = datetime(2026, 12, 4, tzinfo=UTC)
 
 
 def sync(instance: dg.DagsterInstance, ledger: RunLedger, views, now: datetime) -> list[str]:
-    """What ledger_outcome_sensor does each tick: Dagster's schedule states into the ledger."""
+    """What ledger_policy_sensor does each tick: Dagster's schedule states into the ledger."""
     return sync_schedules(ledger, views, observed_schedules(instance), now)
 
 
