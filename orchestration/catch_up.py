@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from orchestration.pause import task_pauses
+from orchestration.pause import pause_at, task_pauses
 from orchestration.retry import retry_entry
 from orchestration.services.launch import Launcher, LaunchFailed, launch_runs
 from orchestration.task_spec import TaskSpec, TaskView, task_run_tags
@@ -162,7 +162,7 @@ def plan_catch_up(
     pauses = task_pauses(ledger, key)
     steps = []
     for due in dues:
-        pause = next((p for p in pauses if p.covers(due)), None)
+        pause = pause_at(pauses, due)
         steps.append(
             catch_up_step(
                 due,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 from orchestration.pause import (
     Pause,
     ScheduleState,
+    pause_at,
     pauses_by_task,
     schedule_states,
     skipped_for_pause,
@@ -66,9 +67,6 @@ class Scheduling:
     since: datetime | None
     pauses: tuple[Pause, ...] = ()
 
-    def pause_at(self, due: datetime) -> Pause | None:
-        return next((p for p in self.pauses if p.covers(due)), None)
-
 
 def due_verdict(
     due: datetime, scheduling: Scheduling, *, accounted: bool
@@ -82,7 +80,7 @@ def due_verdict(
             DueVerdict.NOT_EXPECTED,
             f"before the task's schedule first ran here (since {since}): not expected",
         )
-    pause = scheduling.pause_at(due)
+    pause = pause_at(scheduling.pauses, due)
     if pause is not None:
         return DueVerdict.PAUSED, pause.skip_reason
     return DueVerdict.MISSED, "no run was created for it"
