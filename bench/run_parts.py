@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=int, default=50, help="sample-data size")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    from orchestration.tasks import TASKS  # this checkout's registry
+    from orchestration.declarations import core_declarations  # this checkout's tasks
+
+    TASKS = [declared.spec for declared in core_declarations()]
 
     spec = next((s for s in TASKS if s.key == args.task), None)
     if spec is None or args.repeat < 1:

@@ -7,6 +7,7 @@ orchestration.definitions, attribute defs). Every task comes from its declaratio
 """
 
 import os
+from collections.abc import Callable
 
 import dagster as dg
 
@@ -15,6 +16,7 @@ from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.declarations import registered_tasks, task_registry, task_views
 from orchestration.services.hooks import Hooks
 from orchestration.task_defs import task_definitions
+from orchestration.task_spec import TaskSpec
 from resources.core.instants import utc_now
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
 from resources.ledger import RunLedger
@@ -47,25 +49,39 @@ def build_resources(settings: Settings | None = None) -> dict[str, dg.Configurab
     }
 
 
-_settings = load_settings()
-_views = task_views(_settings)
-# The code location's plugin hooks, built once; listeners load on first use, not here.
-_hooks = Hooks.from_environment()
-_loaded_at = utc_now()  # the schedules' metadata lists each task's next dues as of this load
-
-defs = dg.Definitions.merge(
-    *(
-        task_definitions(
-            declared, view, hooks=_hooks, registered=registered_tasks, loaded_at=_loaded_at
+def build_definitions(
+    settings: Settings, *, keep: Callable[[TaskSpec], bool] = lambda spec: True
+) -> dg.Definitions:
+    """The code location over the registered tasks ``keep`` keeps (all of them here; the scale
+    benchmark keeps only its generated plugin tasks): each task's asset, job and schedule,
+    the asset checks, the ledger sensors and the resources."""
+    declared_views = [
+        (declared, view)
+        for declared, view in zip(
+            task_registry(settings).declared, task_views(settings), strict=True
         )
-        for declared, view in zip(task_registry(_settings).declared, _views, strict=True)
-    ),
-    dg.Definitions(
-        asset_checks=[*build_task_checks(_views), *build_ledger_checks(_views)],
-        sensors=build_sensors(_views),
-        resources={**build_resources(_settings), **domain_resources()},
-        # Every run's steps in its run worker's process, the task jobs' and the implicit
-        # asset job's alike (the Catalog's "Materialize"): one process per run, not two.
-        executor=dg.in_process_executor,
-    ),
-)
+        if keep(declared.spec)
+    ]
+    views = [view for _, view in declared_views]
+    # The code location's plugin hooks, built once; listeners load on first use, not here.
+    hooks = Hooks.from_environment()
+    loaded_at = utc_now()  # the schedules' metadata lists each task's next dues as of this load
+    return dg.Definitions.merge(
+        *(
+            task_definitions(
+                declared, view, hooks=hooks, registered=registered_tasks, loaded_at=loaded_at
+            )
+            for declared, view in declared_views
+        ),
+        dg.Definitions(
+            asset_checks=[*build_task_checks(views), *build_ledger_checks(views)],
+            sensors=build_sensors(views),
+            resources={**build_resources(settings), **domain_resources()},
+            # Every run's steps in its run worker's process, the task jobs' and the implicit
+            # asset job's alike (the Catalog's "Materialize"): one process per run, not two.
+            executor=dg.in_process_executor,
+        ),
+    )
+
+
+defs = build_definitions(load_settings())

@@ -360,7 +360,7 @@ def ensure_task_pools(instance: dg.DagsterInstance, views: Sequence[TaskView]) -
     Dagster creates a pool's limit the first time its run queue sees a run of it, and in that
     same pass it does not hold the pool's runs back yet: two runs of a task queued before the
     pool existed (a Catalog "Materialize" next to a scheduled run right after a fresh start)
-    would both start. The outcome sensor calls this on each evaluation (a set lookup once the
+    would both start. The policy sensor calls this on each evaluation (a set lookup once the
     pools exist). A pool that exists is left as it is (an operator's `dagster instance
     concurrency set` wins); a new one gets the instance's default limit, or TASK_POOL_SLOTS.
     """

@@ -6,7 +6,7 @@ was paused, by whom and why stays answerable. Three sources open one:
 
 - ``cli``: `dueledger pause TASK --reason` (closed by `dueledger resume`);
 - ``schedule_stopped``: the task's schedule stopped in the Dagster UI, as mirrored each tick
-  of ``ledger_outcome_sensor`` (:func:`sync_schedules`; closed when it runs again);
+  of ``ledger_policy_sensor`` (:func:`sync_schedules`; closed when it runs again);
 - ``pause_after_failures``: the task's last N finished entries failed
   (:func:`pause_after_failures`, ``ledger_policy_sensor``; closed by `dueledger resume`).
 
@@ -615,7 +615,7 @@ def sync_schedules(
     now: datetime,
 ) -> list[str]:
     """Mirror Dagster's state of every task's schedule (``observed``, by schedule name: what
-    the outcome sensor read of Dagster) into the ledger; what changed, in words. A write only
+    the policy sensor read of Dagster) into the ledger; what changed, in words. A write only
     for a schedule whose state changed, plus one statement stamping when the others were all
     seen (a later restart is then dated from the last time they were seen running)."""
     known = schedule_states(ledger)

@@ -1,5 +1,5 @@
 """``<task>_catch_up_sensor`` (``catch_up`` tasks): launches each missed due inside the
-task's ``catch_up_window``, once each (the gap audit itself is orchestration/services/audit.py).
+task's ``catch_up_window``, once each (which due is missed: orchestration/missed_dues.py).
 
 ``run_key`` = the due: Dagster's sensor run-key dedup (kept forever) and the run it creates
 — which the next audit sees — make a due launched once, however often the sensor runs.

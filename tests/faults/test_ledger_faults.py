@@ -161,7 +161,8 @@ _WORKER = """
 import os, signal, sys
 from datetime import datetime, timedelta
 from pathlib import Path
-from resources.ledger import RunLedger, dedup_key_for_due
+from resources.core.entry import dedup_key_for_due
+from resources.ledger import RunLedger
 url, step, effects, due = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 now = datetime.fromisoformat(due)
 ledger = RunLedger(database_url=url)

@@ -85,7 +85,7 @@ def harness(
     source_url = f"sqlite:///{tmp_path / 'source.sqlite'}"
     source = make_engine(source_url)
     generate_sample_data(source, services=40, as_of=DUE)
-    # Read by orchestration.catalog.build_resources in this process and in spawned daemons.
+    # Read by orchestration.definitions.build_resources in this process and in spawned daemons.
     monkeypatch.setenv(ENV_DATABASE_URL, postgres_url)
     monkeypatch.setenv(ENV_SOURCE_URL, source_url)
     ledger = RunLedger(database_url=postgres_url)

@@ -1,10 +1,10 @@
 """Code location of the bounded soak (tests/soak/test_soak.py): 12 tasks on a 1-minute slot.
 
 Everything but the task bodies is production code: TaskSpecs through
-``resources.core.registry.build_views``, jobs and schedules from
-``orchestration.factory.build_task_definitions``, every ledger-keeping sensor from
-``sensors.build_sensors`` (wall clock), the claim wrapper
-``orchestration.services.runtime.task_run`` and the exactly-once notification path
+``orchestration.task_spec.build_views``, jobs and schedules from
+``orchestration.task_defs``, every ledger-keeping sensor from
+``sensors.build_sensors`` (wall clock), the run path
+``orchestration.task_defs.run_task`` and the exactly-once notification path
 ``resources.notifier.dispatch_notifications``.
 Each claimed run sends ``MESSAGES`` notifications for its due, one at a time with a short
 pause (so a worker killed at a random moment dies before, during or after its side
