@@ -197,7 +197,8 @@ def health_materialization(url: str, entries: int, rounds: int, now: datetime) -
     import dagster as dg
     from hook_support import build
 
-    from orchestration.services.hooks import HookRegistry, Hooks
+    from orchestration.services.hooks.registry import Hooks
+    from orchestration.services.hooks.vocabulary import HookRegistry
     from resources.core import tags as t
     from resources.core.due import floor_to_slot, format_due
     from resources.ledger import RunLedger

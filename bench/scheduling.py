@@ -59,8 +59,8 @@ from dagster_internals import (
 )
 from run import Row, write_json
 
-from orchestration.services import hooks
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import AFTER_TASK_CREATE, BEFORE_TASK_CREATE
 from orchestration.task_defs import task_jobs_and_schedules
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
 
     registry = Hooks.from_environment().registry
-    events = (hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE)
+    events = (BEFORE_TASK_CREATE, AFTER_TASK_CREATE)
     listeners = sum(len(registry.for_event(e)) for e in events)
     print(
         f"scheduler daemon iteration at a due, {args.backend} instance storage, "

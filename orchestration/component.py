@@ -21,7 +21,7 @@ import dagster as dg
 from pydantic import BaseModel
 
 from orchestration.declarations import task_registry, task_views
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_definitions
 from resources.core.instants import utc_now
 

@@ -59,8 +59,7 @@ from typing import Any, Final
 
 import yaml
 
-from orchestration.services.hooks import ENV_HOOKS_FILE
-from orchestration.services.hooks.vocabulary import cut_text, error_text
+from orchestration.services.hooks.vocabulary import ENV_HOOKS_FILE, cut_text, error_text
 from orchestration.task_spec import (
     TaskSpec,
     TaskSpecError,

@@ -14,7 +14,7 @@ import dagster as dg
 from assets.domain_config import domain_resources
 from orchestration.checks import build_ledger_checks, build_task_checks
 from orchestration.declarations import registered_tasks, task_registry, task_views
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_definitions
 from orchestration.task_spec import TaskSpec
 from resources.core.instants import utc_now

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestration.overlap import launch_refusal, mark_wait_turn
-from orchestration.services.hooks import CreationGate, Hooks, record
+from orchestration.services.hooks.creation import CreationGate
+from orchestration.services.hooks.records import record
+from orchestration.services.hooks.registry import Hooks
 from orchestration.services.launch import (
     MAX_MANUAL_REDISPATCHES,
     LaunchFailed,

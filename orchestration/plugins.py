@@ -10,7 +10,9 @@ hands names on, on purpose::
     from orchestration.plugins import listener, HookContext, allow, deny, BEFORE_TASK_CREATE
 """
 
-from orchestration.services.hooks import (
+from orchestration.services.hooks.firing import fire
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import (
     AFTER_TASK_CREATE,
     BEFORE_RENEWAL_FIRST_NOTICE,
     BEFORE_TASK_CREATE,
@@ -27,12 +29,10 @@ from orchestration.services.hooks import (
     HookContext,
     HookRegistry,
     HookResult,
-    Hooks,
     Listener,
     allow,
     degrade,
     deny,
-    fire,
     listener,
 )
 from orchestration.task_run import TaskRun

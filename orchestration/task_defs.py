@@ -43,13 +43,8 @@ from orchestration.services.dagster_runs import (
     run_timed_out,
     turn_off_dagster_retries,
 )
-from orchestration.services.hooks import (
-    TASK_AFTER,
-    TASK_BEFORE,
-    TASK_FAILED,
-    HookLog,
-    Hooks,
-)
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import TASK_AFTER, TASK_BEFORE, TASK_FAILED, HookLog
 from orchestration.services.task_events import fire_task_event, record_creation_hooks
 from orchestration.services.unsupported import end_unsupported, unsupported_message
 from orchestration.task_run import (

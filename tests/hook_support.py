@@ -13,12 +13,12 @@ from pathlib import Path
 import dagster as dg
 
 from orchestration.declarations import registered_tasks, task_registry
-from orchestration.services.hooks import (
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import (
     ENV_HOOKS_FILE,
     HookContext,
     HookRegistry,
     HookResult,
-    Hooks,
     Listener,
     deny,
 )

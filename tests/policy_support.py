@@ -5,6 +5,7 @@ run queue, a run executed as its worker would execute it (in a thread)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from resources.ledger import RunLedger
 POLICY_DEFS = Path(__file__).resolve().parent / "fixtures" / "policy_defs.py"
 LOCAL_YAML = Path(__file__).resolve().parents[1] / "dagster.yaml.local"
 DUE = datetime(2026, 11, 30, 22, 45, tzinfo=UTC)
+#: How long a run may take to end once its work is over (a loaded 2-core machine).
+RUN_END_SECONDS = 180
 SLOT = timedelta(minutes=15)
 
 LAUNCH = """
@@ -120,10 +123,20 @@ class World:
         assert found is not None
         return found
 
-    def outcome(self, run_id: str) -> tuple[str, str | None]:
-        run = self.instance.get_run_by_id(run_id)
-        assert run is not None
-        return run.status.value, run.tags.get(t.TAG_OUTCOME)
+    def outcome(self, run_id: str, *, finished: bool = True) -> tuple[str, str | None]:
+        """The run's status and ``dueledger/outcome`` tag; with ``finished``, once Dagster has
+        ended the run (a canceled run passes CANCELING first: under load that takes a while),
+        asked through Dagster's own run records until a deadline."""
+        deadline = time.monotonic() + RUN_END_SECONDS
+        while True:
+            run = self.instance.get_run_by_id(run_id)
+            assert run is not None
+            if not finished or run.is_finished:
+                return run.status.value, run.tags.get(t.TAG_OUTCOME)
+            assert time.monotonic() < deadline, (
+                f"run {run_id} not ended within {RUN_END_SECONDS} s: {run.status.value}"
+            )
+            time.sleep(0.2)
 
     def release(self) -> None:
         (self.directory / "release").touch()

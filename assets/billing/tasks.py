@@ -14,11 +14,11 @@ import dagster as dg
 
 from assets.domain_config import DomainRules
 from assets.metadata import run_metadata, table_metadata
-from orchestration.services.hooks import (
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import (
     BEFORE_RENEWAL_FIRST_NOTICE,
     OUTCOME_TIMEOUT,
     HookRegistry,
-    Hooks,
 )
 from orchestration.services.task_events import fire_task_event
 from orchestration.task_run import TaskRun

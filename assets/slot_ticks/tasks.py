@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from orchestration.services.hooks import (
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import (
     TICK_EVERY_FIVE_MINUTES,
     TICK_EVERY_MINUTE,
     TICK_EVERY_SLOT,
-    Hooks,
 )
 from orchestration.services.task_events import fire_task_event
 from orchestration.task_run import TaskRun

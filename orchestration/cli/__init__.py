@@ -161,7 +161,7 @@ def launch_cmd(
     from orchestration.cli.runs import acting_operator, load_operators, require_role
     from orchestration.declarations import task_registry
     from orchestration.manual_launch import launch_manual
-    from orchestration.services.hooks import Hooks
+    from orchestration.services.hooks.registry import Hooks
     from resources.core.operators import ROLE_RETRIER
 
     settings = local_settings()

@@ -21,7 +21,8 @@ def hooks_cmd(as_json: bool) -> None:
     task plugins: every plugin task found, whether it is allowed, and their load errors."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.declarations import ENTRY_POINT_GROUP, task_registry
-    from orchestration.services.hooks import ENV_HOOKS_FILE, load_hooks
+    from orchestration.services.hooks.loading import load_hooks
+    from orchestration.services.hooks.vocabulary import ENV_HOOKS_FILE
 
     # Load errors are printed below; their log lines would only repeat them on stderr.
     registry = load_hooks(log_errors=False)

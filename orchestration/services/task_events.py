@@ -10,14 +10,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from orchestration.manual_launch import EntryRequest
-from orchestration.services.hooks import (
-    TAG_HOOKS,
-    Dispatch,
-    HookContext,
-    Hooks,
-    decode_outcomes,
-    record,
-)
+from orchestration.services.hooks.firing import Dispatch
+from orchestration.services.hooks.records import decode_outcomes, record
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import TAG_HOOKS, HookContext
 from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import Entry, Trigger
 from resources.core.settings import load_settings

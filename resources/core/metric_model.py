@@ -55,7 +55,7 @@ FAILED_KINDS: Final = tuple(k for k in FAILURE_KINDS if k != FailureKind.DISPATC
 #: refused``): its claim, or a UI re-execution refused by the retry rules. The other actions
 #: (late success/failure reports, fenced side effects) come from runs that had claimed.
 REFUSED_RUN_ACTIONS: Final = ("claim", "reject")
-#: Hook outcomes that are a listener's failure (orchestration/services/hooks/model.py; a test
+#: Hook outcomes that are a listener's failure (orchestration/services/hooks/vocabulary.py; a test
 #: keeps the two in step): it raised, ran past its timeout, or returned something no result.
 HOOK_FAILURE_OUTCOMES: Final = ("error", "timeout", "invalid")
 

@@ -29,7 +29,8 @@ from assets.billing.reminders import (
     renewal_notices,
 )
 from assets.domain_config import DomainRules
-from orchestration.services import hooks
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import BEFORE_RENEWAL_FIRST_NOTICE
 from resources.core import tags as t
 from resources.core.due import format_due
 from resources.core.entry import Status, Trigger
@@ -37,7 +38,7 @@ from resources.ledger import RunLedger
 from resources.notifier import ACTION_SKIPPED, OutboxNotifier
 from resources.source_store import SourceStore, create_schema
 
-EVENT = hooks.BEFORE_RENEWAL_FIRST_NOTICE
+EVENT = BEFORE_RENEWAL_FIRST_NOTICE
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 #: Every service here expires at 10:00 on 2026-11-30; runs are on the hour (billing's cron).
@@ -98,7 +99,7 @@ class Env:
         hooks file and code-location hooks object, as after a restart); its metadata."""
         for key, value in hooks_file(self.tmp / "hooks.toml", *listeners).items():
             self.monkeypatch.setenv(key, value)
-        asset = build("billing_maintenance", hooks.Hooks.from_environment())
+        asset = build("billing_maintenance", Hooks.from_environment())
         result = dg.materialize(
             [asset],
             resources={

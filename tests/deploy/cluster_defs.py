@@ -36,7 +36,7 @@ from history.collect import (
     insert_ignoring_conflict,
 )
 
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import run_task, task_jobs_and_schedules
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views

@@ -13,7 +13,7 @@ import dagster as dg
 
 from orchestration.declarations import registered_tasks, task_registry, task_views
 from orchestration.definitions import build_resources
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_definitions
 from sensors import build_sensors
 

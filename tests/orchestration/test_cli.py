@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from orchestration.cli import main
 from orchestration.declarations import registered_tasks
 from orchestration.manual_launch import launch_manual
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.services.launch import manual_run_id
 from resources.core.errors import Refused
 from resources.core.settings import mask_url

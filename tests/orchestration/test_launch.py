@@ -22,7 +22,7 @@ import pytest
 from orchestration.declarations import registered_tasks
 from orchestration.manual_launch import launch_manual
 from orchestration.services import launch
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.services.launch import (
     LAUNCH_TIMEOUT_SECONDS,
     STDIN_DRIVER,

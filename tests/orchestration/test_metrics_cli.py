@@ -26,7 +26,8 @@ from processes import start_group, stop_group
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.declarations import registered_tasks
-from orchestration.services.hooks import Hooks, Listener
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import Listener
 from orchestration.task_defs import run_task
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import require_task

@@ -22,7 +22,7 @@ import pytest
 from policy_support import DUE, POLICY_DEFS, SLOT, World, policy_world
 
 from orchestration.manual_launch import launch_manual
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from resources.core import tags as t
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.core.errors import Refused
@@ -143,7 +143,7 @@ def test_replace_ends_the_running_run_and_fences_its_side_effects(world: World) 
     assert after.failure_kind == FailureKind.REPLACED
     newer = world.entry_of(new_run)
     assert f"replaced by entry {newer.id} (run {new_run})" in (after.error or "")
-    assert world.outcome(old_run)[1] == t.OUTCOME_REPLACED
+    assert world.outcome(old_run, finished=False)[1] == t.OUTCOME_REPLACED
     world.release()
     old.join(timeout=60)
     new.join(timeout=60)

@@ -38,7 +38,8 @@ from orchestration.declarations import (
     task_views,
 )
 from orchestration.manual_launch import EntryRequest
-from orchestration.services import hooks
+from orchestration.services.hooks.loading import load_hooks
+from orchestration.services.hooks.vocabulary import ENV_HOOKS_FILE
 from orchestration.services.outcomes import (
     Action,
     Reconciled,
@@ -134,14 +135,11 @@ def test_a_plugin_task_not_allowed_is_listed_with_what_to_allow() -> None:
 def test_the_allow_list_may_live_in_the_hooks_file(tmp_path: Path) -> None:
     config = tmp_path / "hooks.toml"
     config.write_text('[tasks]\nallow = ["case_beta"]\n', encoding="utf-8")
-    registry = load(entry_point("cases", "good"), **{hooks.ENV_HOOKS_FILE: str(config)})
+    registry = load(entry_point("cases", "good"), **{ENV_HOOKS_FILE: str(config)})
     assert [s.key for s in registry.tasks] == [*CORE_KEYS, "case_beta"]
     assert registry.config_file == str(config)
     # The hook loader reads the same file and knows the [tasks] table is not its mistake.
-    assert (
-        hooks.load_hooks(environ={hooks.ENV_HOOKS_FILE: str(config)}, entry_points=()).load_errors
-        == ()
-    )
+    assert load_hooks(environ={ENV_HOOKS_FILE: str(config)}, entry_points=()).load_errors == ()
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def test_a_crash_mid_tick_then_resume_creates_exactly_one_launched_run(instance,
 def test_a_manual_launch_at_the_same_instant_as_a_due_is_not_swallowed(instance):
     from orchestration.declarations import registered_tasks
     from orchestration.manual_launch import launch_manual
-    from orchestration.services.hooks import Hooks
+    from orchestration.services.hooks.registry import Hooks
     from resources.ledger import RunLedger
 
     ledger = RunLedger(database_url=f"sqlite:///{instance.root_directory}/ledger.sqlite")

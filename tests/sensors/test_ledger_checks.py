@@ -22,7 +22,8 @@ from orchestration.declarations import registered_tasks
 from orchestration.reclaim import reclaim_leases
 from orchestration.services import ledger_checks as lc
 from orchestration.services.dagster_runs import RETRY_LOST_AFTER
-from orchestration.services.hooks import HookRegistry, Hooks
+from orchestration.services.hooks.registry import Hooks
+from orchestration.services.hooks.vocabulary import HookRegistry
 from orchestration.services.outcomes import reconcile_events, settle_abandoned_retries
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views

@@ -32,7 +32,7 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestration.services.hooks import Hooks
+from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import run_task, task_jobs_and_schedules
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec, build_views
