@@ -39,9 +39,16 @@ if str(TESTS_DIR.parent) not in sys.path:
     sys.path.append(str(TESTS_DIR.parent))
 
 import pg_server as pg  # noqa: E402
+from processes import restore_default_signals  # noqa: E402
 
 from resources.core.settings import ENV_DATABASE_URL  # noqa: E402
 from resources.ledger import RunLedger  # noqa: E402
+
+# A suite started in the background (CI, nohup, a non-interactive shell) inherits SIGINT
+# ignored; Dagster maps SIGTERM onto SIGINT's handler, so SIGTERM is then ignored too, and
+# every process a run starts inherits that -- its compute-log `tail -F` mirrors, which
+# Dagster stops with SIGTERM, would outlive the run (and hold each run's end for 30 s).
+restore_default_signals()
 
 _ISOLATED_ENV: dict[str, str] = {}
 _SAVED_ENV: dict[str, str] = {}

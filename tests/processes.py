@@ -12,9 +12,20 @@ from pathlib import Path
 from typing import IO
 
 
+def restore_default_signals() -> None:
+    """Undo SIGINT, SIGTERM and SIGQUIT inherited as ignored (a process started in the
+    background): SIGINT raises KeyboardInterrupt again, the others end the process. What this
+    process starts inherits the defaults, so a Dagster process or a run's compute-log mirror
+    stops when Dagster (or a test) asks it to."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGQUIT):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def _restore_signals() -> None:
-    # Processes here can inherit SIGINT/SIGTERM as ignored; a Dagster
-    # process would then outlive the test.
+    # In the child, before exec: a handler does not survive exec, SIG_DFL does.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.setsid()
