@@ -35,4 +35,10 @@ elif [ ! -e "$DAGSTER_HOME/dueledger_source.sqlite" ]; then
 fi
 
 echo "==> dg dev (DAGSTER_HOME=$DAGSTER_HOME)" >&2
+# Started in the background, this shell ignores SIGINT, and Dagster gives SIGTERM SIGINT's
+# handler: every process the server starts (a run's compute-log mirror) would then ignore
+# the SIGTERM that stops it. Hand `dg dev` the default handling back (GNU env).
+if env --default-signal=INT true 2>/dev/null; then
+  exec env --default-signal=INT,TERM,QUIT "${UV[@]}" run --frozen dg dev "$@"
+fi
 exec "${UV[@]}" run --frozen dg dev "$@"
