@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -49,10 +50,20 @@ def parse_port(text: str) -> int:
 
 
 def check_writable(path: Path) -> None:
-    """FILE's directory exists and is writable, and FILE is not a directory: else exit 2."""
+    """FILE is a new path or a regular file, in a directory that exists and is writable: else
+    exit 2. The file is written aside and renamed over FILE, so anything else there -- a FIFO
+    a collector reads, a device node, a socket -- would be replaced, not written to."""
     where = path.parent
     if path.is_dir():
         raise InvalidInput(f"cannot write metrics to {path}: it is a directory; name a file")
+    if path.exists() or path.is_symlink():
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode) or not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise InvalidInput(
+                f"cannot write metrics to {path}: it is {kind}, which writing would replace; "
+                f"name a regular file or a new path"
+            )
     if not where.is_dir():
         raise InvalidInput(
             f"cannot write metrics to {path}: directory {where} does not exist; create it or "
@@ -62,6 +73,15 @@ def check_writable(path: Path) -> None:
         raise InvalidInput(
             f"cannot write metrics to {path}: directory {where} is not writable by this user"
         )
+
+
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 # --- commands ----------------------------------------------------------------------------------

@@ -310,3 +310,29 @@ def test_a_port_in_use_and_an_unwritable_file_are_exit_2_naming_them(env, tmp_pa
     done = dueledger(env, "metrics", "serve", "--port", "70000", "--json")
     assert done.returncode == 2
     assert "--port '70000'" in json.loads(done.stdout)["error"]
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a character device", "a symbolic link"])
+def test_write_refuses_anything_but_a_regular_file_and_replaces_nothing(env, tmp_path, kind):
+    # The file is written aside and renamed over FILE: a FIFO a collector reads, or (as root)
+    # /dev/null, was once replaced by a regular file, exit 0.
+    if kind == "a FIFO":
+        target = tmp_path / "metrics.fifo"
+        os.mkfifo(target)
+    elif kind == "a character device":
+        target = Path("/dev/null")
+    else:
+        target = tmp_path / "link.prom"
+        (tmp_path / "real.prom").write_text("")
+        target.symlink_to(tmp_path / "real.prom")
+    before = target.lstat()
+    done = dueledger(env, "metrics", "write", str(target), "--json")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert f"cannot write metrics to {target}: it is {kind}" in error
+    after = target.lstat()
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode,
+        before.st_ino,
+        before.st_rdev,
+    )
