@@ -480,8 +480,19 @@ def zone_problem(name: object) -> str | None:
 NEXT_DUES_SHOWN: Final = 5
 #: Most dues one listing holds (`dueledger dues --next N`, a `--from/--to` range).
 MAX_DUES_LISTED: Final = 1000
-#: How far ahead a `--next N` listing looks at most.
-_MAX_AHEAD: Final = timedelta(days=800)
+#: How far one listing looks: a `--from/--to` range spans at most this, a `--next N` listing
+#: searches at most this far ahead (a rule as rare as `0 2 29 2 *` may find fewer than N).
+DUES_HORIZON: Final = timedelta(days=800)
+
+
+class TooManyDues(ValueError):
+    """A range holds more dues than one listing does (:data:`MAX_DUES_LISTED`)."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__(
+            f"the range holds {found} dues; one listing holds at most {MAX_DUES_LISTED}"
+        )
+        self.found = found
 
 
 class Window(Protocol):
@@ -523,8 +534,9 @@ def list_dues(
     count: int | None = None,
     pauses: Sequence[Window] = (),
 ) -> list[ListedDue]:
-    """The dues ``plan`` produces from ``start``: those before ``end``, or the first ``count``
-    (at most :data:`MAX_DUES_LISTED`; ``step``: the rule's interval, where the search starts),
+    """The dues ``plan`` produces from ``start``: those before ``end`` (:class:`TooManyDues`
+    past :data:`MAX_DUES_LISTED`), or the first ``count`` within :data:`DUES_HORIZON` (at most
+    :data:`MAX_DUES_LISTED`; ``step``: the rule's interval, where the search starts),
     each with its wall time in ``zone`` (the rule's), the DST rule's note, and the pause of
     ``pauses`` that skips it."""
     slot = timedelta(minutes=slot_minutes)
@@ -533,13 +545,15 @@ def list_dues(
         step = max(step, slot) * (wanted + 1)
         end = start + step
         dues = plan_dues(plan, slot_minutes, start, end)
-        while len(dues) < wanted and end - start < _MAX_AHEAD:
+        while len(dues) < wanted and end - start < DUES_HORIZON:
             step *= 2
             end = start + step
             dues = plan_dues(plan, slot_minutes, start, end)
         dues = dues[:wanted]
     else:
-        dues = plan_dues(plan, slot_minutes, start, end)[:MAX_DUES_LISTED]
+        dues = plan_dues(plan, slot_minutes, start, end)
+        if len(dues) > MAX_DUES_LISTED:
+            raise TooManyDues(len(dues))
     notes: dict[datetime, str] = {}
     if plan.zoned_cron is not None and plan.zone is not None and dues:
         for zoned in zoned_dues(plan.zoned_cron, plan.zone, slot_minutes, dues[0], end):

@@ -83,7 +83,13 @@ def _now() -> datetime:
 
 @click.command("dues")
 @click.argument("task")
-@click.option("--next", "count", type=int, default=None, help="The next N dues (default 10).")
+@click.option(
+    "--next",
+    "count",
+    type=int,
+    default=None,
+    help="The next N dues (default 10; at most 1000, looking at most 800 days ahead).",
+)
 @click.option(
     "--from", "start", default=None, help="Dues at or after (ISO-8601; UTC if no offset)."
 )
@@ -101,9 +107,10 @@ def dues_cmd(
 ) -> None:
     """The dues TASK's schedule produces: UTC, in the rule's time zone, what the DST rule did
     (a skipped local time runs once at the next valid instant, a repeated one once at its
-    first occurrence) and which a pause skips. --next N (1-1000) or --from/--to."""
+    first occurrence) and which a pause skips. --next N (1-1000, within 800 days) or
+    --from/--to (a range of at most 800 days holding at most 1000 dues; else exit 2)."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.timetable import MAX_DUES_LISTED
+    from orchestration.timetable import DUES_HORIZON, MAX_DUES_LISTED, TooManyDues
 
     if count is not None and (start is not None or end is not None):
         raise InvalidInput("give either --next N or --from and --to, not both")
@@ -116,7 +123,17 @@ def dues_cmd(
     ledger = viewer_gate(operator, ACTION_DUES)
     pauses = task_pauses(ledger, view.spec.key)
     if window is not None:
-        listed = view.dues(window[0], end=window[1], pauses=pauses)
+        if window[1] - window[0] > DUES_HORIZON:
+            raise InvalidInput(
+                f"--from {start} --to {end} spans more than {DUES_HORIZON.days} days; one "
+                f"listing looks at most {DUES_HORIZON.days} days: narrow the range"
+            )
+        try:
+            listed = view.dues(window[0], end=window[1], pauses=pauses)
+        except TooManyDues as exc:
+            raise InvalidInput(
+                f"--from {start} --to {end}: {exc}; narrow the range or split it"
+            ) from None
     else:
         begin = floor_to_slot(_now(), view.slot_minutes) + timedelta(minutes=view.slot_minutes)
         listed = view.dues(begin, count=count or DEFAULT_NEXT, pauses=pauses)

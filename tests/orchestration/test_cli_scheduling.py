@@ -101,6 +101,9 @@ def test_dues_list_utc_and_local_times_with_the_dst_rule(box: Box) -> None:
         (("dues", TASK, "--next", "0"), "--next 0"),
         (("dues", TASK, "--next", "3", "--from", "2027-01-01", "--to", "2027-01-02"), "not both"),
         (("dues", TASK, "--from", "2027-01-02", "--to", "2027-01-01"), "--from"),
+        # A range lists every due or is refused naming the limit, never cut short silently.
+        (("dues", TASK, "--from", "2027-01-01", "--to", "2027-02-01"), "at most 1000"),
+        (("dues", TASK, "--from", "1970-01-01", "--to", "8999-01-01"), "800 days"),
         (("pause", TASK, "--reason", "  "), "reason"),
         (
             ("catch-up", TASK, "--from", "2026-12-02", "--to", "2026-12-01"),
