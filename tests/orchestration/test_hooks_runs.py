@@ -20,7 +20,24 @@ from run_support import refused, scheduled
 
 from orchestration.declarations import registered_tasks, task_views
 from orchestration.manual_launch import launch_manual
-from orchestration.services import hooks
+from orchestration.services.hooks.vocabulary import (
+    AFTER_TASK_CREATE,
+    BEFORE_TASK_CREATE,
+    EVENTS,
+    LOGGER,
+    TAG_HOOKS,
+    TASK_AFTER,
+    TASK_BEFORE,
+    TASK_FAILED,
+    TICK_EVERY_FIVE_MINUTES,
+    TICK_EVERY_MINUTE,
+    TICK_EVERY_SLOT,
+    HookContext,
+    Listener,
+    degrade,
+    deny,
+    listener,
+)
 from orchestration.task_defs import run_task, task_jobs_and_schedules
 from orchestration.task_run import TaskRun
 from orchestration.task_spec import TaskSpec
@@ -70,15 +87,15 @@ def hook_probe(context: dg.AssetExecutionContext, ledger: RunLedger):
 class Recorder:
     """A listener on every event that remembers each context it got."""
 
-    seen: list[hooks.HookContext] = field(default_factory=list)
+    seen: list[HookContext] = field(default_factory=list)
 
-    def listener(self, name: str = "recorder", **kw) -> hooks.Listener:
-        return hooks.listener(*hooks.EVENTS, name=name, **kw)(self.seen.append)
+    def listener(self, name: str = "recorder", **kw) -> Listener:
+        return listener(*EVENTS, name=name, **kw)(self.seen.append)
 
     def events(self) -> list[str]:
         return [c.event for c in self.seen]
 
-    def one(self, event: str) -> hooks.HookContext:
+    def one(self, event: str) -> HookContext:
         (found,) = [c for c in self.seen if c.event == event]
         return found
 
@@ -128,8 +145,8 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
     install(recorder.listener())
     result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
     (request,) = result.run_requests
-    assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
-    before = recorder.one(hooks.BEFORE_TASK_CREATE)
+    assert recorder.events() == [BEFORE_TASK_CREATE, AFTER_TASK_CREATE]
+    before = recorder.one(BEFORE_TASK_CREATE)
     assert (before.task_key, before.trigger, before.due, before.slot) == (
         "tick_every_slot",
         Trigger.SCHEDULE,
@@ -138,20 +155,20 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
     )
     # Nothing exists yet at creation time of a scheduled run.
     assert (before.entry_id, before.attempt, before.run_id) == (None, None, None)
-    assert hooks.TAG_HOOKS in request.tags
+    assert TAG_HOOKS in request.tags
 
     run = materialize(TICK_ASSETS["tick_every_slot"], ledger, instance, request.tags)
     assert run.success
     assert recorder.events() == [
-        hooks.BEFORE_TASK_CREATE,
-        hooks.AFTER_TASK_CREATE,
-        hooks.TASK_BEFORE,
-        hooks.TICK_EVERY_SLOT,
-        hooks.TASK_AFTER,
+        BEFORE_TASK_CREATE,
+        AFTER_TASK_CREATE,
+        TASK_BEFORE,
+        TICK_EVERY_SLOT,
+        TASK_AFTER,
     ]
     entry = ledger.find("tick_every_slot", f"due:{DUE_KEY}")
     assert entry is not None and entry.status == Status.SUCCESS
-    for event in (hooks.TASK_BEFORE, hooks.TICK_EVERY_SLOT, hooks.TASK_AFTER):
+    for event in (TASK_BEFORE, TICK_EVERY_SLOT, TASK_AFTER):
         ctx = recorder.one(event)
         assert (ctx.task_key, ctx.trigger, ctx.due, ctx.slot) == (
             "tick_every_slot",
@@ -160,14 +177,14 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
             DUE_KEY,
         )
         assert (ctx.entry_id, ctx.attempt, ctx.run_id) == (entry.id, 1, run.run_id)
-    assert recorder.one(hooks.TASK_AFTER).status == Status.SUCCESS
+    assert recorder.one(TASK_AFTER).status == Status.SUCCESS
     # Every outcome is on the entry, the creation ones carried in by the run's tag.
     assert hook_events(ledger, "tick_every_slot", f"due:{DUE_KEY}") == [
-        (hooks.BEFORE_TASK_CREATE, "recorder", "allow"),
-        (hooks.AFTER_TASK_CREATE, "recorder", "allow"),
-        (hooks.TASK_BEFORE, "recorder", "allow"),
-        (hooks.TICK_EVERY_SLOT, "recorder", "allow"),
-        (hooks.TASK_AFTER, "recorder", "allow"),
+        (BEFORE_TASK_CREATE, "recorder", "allow"),
+        (AFTER_TASK_CREATE, "recorder", "allow"),
+        (TASK_BEFORE, "recorder", "allow"),
+        (TICK_EVERY_SLOT, "recorder", "allow"),
+        (TASK_AFTER, "recorder", "allow"),
     ]
     stored = entry.summary["hooks"][2]
     assert stored["run_id"] == run.run_id and stored["attempt"] == 1
@@ -176,8 +193,8 @@ def test_a_scheduled_slot_fires_every_event_once_with_the_full_context(install, 
 @pytest.mark.parametrize(
     ("task_key", "event", "ticks_in_slot"),
     [
-        ("tick_every_minute", hooks.TICK_EVERY_MINUTE, 15),
-        ("tick_every_five_minutes", hooks.TICK_EVERY_FIVE_MINUTES, 3),
+        ("tick_every_minute", TICK_EVERY_MINUTE, 15),
+        ("tick_every_five_minutes", TICK_EVERY_FIVE_MINUTES, 3),
     ],
 )
 def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
@@ -192,7 +209,7 @@ def test_legacy_tick_events_keep_their_names_and_fire_once_per_slot(
     (request,) = [r for result in results for r in result.run_requests]
     assert request.run_key == DUE_KEY
     assert all(result.skip_message for result in results[1:])
-    assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
+    assert recorder.events() == [BEFORE_TASK_CREATE, AFTER_TASK_CREATE]
     asset = TICK_ASSETS[task_key]
     first = materialize(asset, ledger, instance, request.tags)
     duplicate = materialize(asset, ledger, instance, request.tags, raise_on_error=False)
@@ -212,16 +229,16 @@ def test_a_raising_and_a_slow_listener_do_not_stop_the_others_or_the_task(
     release = threading.Event()
     recorder = Recorder()
 
-    @hooks.listener(hooks.TASK_BEFORE, hooks.TASK_AFTER)
+    @listener(TASK_BEFORE, TASK_AFTER)
     def raising(ctx):
         raise RuntimeError(f"plugin bug in {ctx.event}")
 
-    @hooks.listener(hooks.TASK_BEFORE, timeout_seconds=0.3)
+    @listener(TASK_BEFORE, timeout_seconds=0.3)
     def slow(ctx):
         release.wait(30)
 
     install(raising, slow, recorder.listener())
-    caplog.set_level(logging.INFO, logger=hooks.LOGGER.name)
+    caplog.set_level(logging.INFO, logger=LOGGER.name)
     tags = {
         t.TAG_TASK: "tick_every_slot",
         t.TAG_TRIGGER: Trigger.SCHEDULE.value,
@@ -232,18 +249,16 @@ def test_a_raising_and_a_slow_listener_do_not_stop_the_others_or_the_task(
     finally:
         release.set()
     assert run.success
-    assert recorder.events() == [hooks.TASK_BEFORE, hooks.TICK_EVERY_SLOT, hooks.TASK_AFTER]
+    assert recorder.events() == [TASK_BEFORE, TICK_EVERY_SLOT, TASK_AFTER]
     entry = ledger.find("tick_every_slot", f"due:{DUE_KEY}")
     assert entry is not None and entry.status == Status.SUCCESS
     stored = {(h["event"], h["listener"]): h for h in entry.summary["hooks"]}
-    assert stored[(hooks.TASK_BEFORE, "raising")]["outcome"] == "error"
-    assert (
-        "RuntimeError: plugin bug in task_before" in stored[(hooks.TASK_BEFORE, "raising")]["error"]
-    )
-    assert stored[(hooks.TASK_BEFORE, "slow")]["outcome"] == "timeout"
-    assert stored[(hooks.TASK_AFTER, "raising")]["outcome"] == "error"
-    assert stored[(hooks.TASK_AFTER, "recorder")]["outcome"] == "allow"
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == hooks.LOGGER.name]
+    assert stored[(TASK_BEFORE, "raising")]["outcome"] == "error"
+    assert "RuntimeError: plugin bug in task_before" in stored[(TASK_BEFORE, "raising")]["error"]
+    assert stored[(TASK_BEFORE, "slow")]["outcome"] == "timeout"
+    assert stored[(TASK_AFTER, "raising")]["outcome"] == "error"
+    assert stored[(TASK_AFTER, "recorder")]["outcome"] == "allow"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER.name]
     assert {(x["listener"], x["outcome"]) for x in lines} >= {
         ("raising", "error"),
         ("slow", "timeout"),
@@ -257,9 +272,9 @@ def test_a_deny_skips_the_due_only_when_the_listener_is_blocking(
 ):
     recorder = Recorder()
 
-    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=blocking)
+    @listener(BEFORE_TASK_CREATE, blocking=blocking)
     def freeze(ctx):
-        return hooks.deny("change freeze")
+        return deny("change freeze")
 
     install(freeze, recorder.listener())
     result = evaluate("tick_every_slot_schedule", DUE, instance, ledger)
@@ -268,14 +283,14 @@ def test_a_deny_skips_the_due_only_when_the_listener_is_blocking(
         assert "change freeze" in (result.skip_message or "")
         assert "freeze" in (result.skip_message or "")
         # Denied: nothing was created, so after_task_create does not fire.
-        assert recorder.events() == [hooks.BEFORE_TASK_CREATE]
+        assert recorder.events() == [BEFORE_TASK_CREATE]
         return
     (request,) = result.run_requests
-    assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
+    assert recorder.events() == [BEFORE_TASK_CREATE, AFTER_TASK_CREATE]
     run = materialize(TICK_ASSETS["tick_every_slot"], ledger, instance, request.tags)
     assert run.success
     events = hook_events(ledger, "tick_every_slot", f"due:{DUE_KEY}")
-    assert events[0] == (hooks.BEFORE_TASK_CREATE, "freeze", "deny_ignored")
+    assert events[0] == (BEFORE_TASK_CREATE, "freeze", "deny_ignored")
 
 
 def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
@@ -292,8 +307,8 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
     }
     run = materialize(hook_probe, ledger, instance, tags, raise_on_error=False)
     assert not run.success
-    assert recorder.events() == [hooks.TASK_BEFORE, hooks.TASK_FAILED]
-    failed = recorder.one(hooks.TASK_FAILED)
+    assert recorder.events() == [TASK_BEFORE, TASK_FAILED]
+    failed = recorder.one(TASK_FAILED)
     assert failed.error == "ValueError: the source is down"
     assert failed.status == Status.RETRYING  # attempts left: Dagster's retry comes next
     assert (failed.attempt, failed.run_id) == (1, run.run_id)
@@ -305,9 +320,9 @@ def test_a_failing_task_fires_task_failed_with_its_error_and_entry_status(
 def test_a_manual_launch_fires_creation_events_with_its_run_id_and_entry(install, ledger, instance):
     recorder = Recorder()
 
-    @hooks.listener(hooks.BEFORE_TASK_CREATE)
+    @listener(BEFORE_TASK_CREATE)
     def softer(ctx):
-        return hooks.degrade({"plugin/checked": "yes"})
+        return degrade({"plugin/checked": "yes"})
 
     install(softer, recorder.listener())
     submitted: list[dict[str, str]] = []
@@ -322,23 +337,23 @@ def test_a_manual_launch_fires_creation_events_with_its_run_id_and_entry(install
         hooks=HOOKS,
         submit=lambda job, run_id, tags: submitted.append(tags),
     )
-    assert recorder.events() == [hooks.BEFORE_TASK_CREATE, hooks.AFTER_TASK_CREATE]
+    assert recorder.events() == [BEFORE_TASK_CREATE, AFTER_TASK_CREATE]
     before, after = recorder.seen
     assert (before.trigger, before.run_id, before.entry_id) == ("manual", result.run_id, None)
     assert (after.run_id, after.entry_id) == (result.run_id, result.entry_id)
     assert submitted[0]["plugin/checked"] == "yes"
     events = hook_events(ledger, "order_cleanup", "manual:req-hooks")
     assert [e[0] for e in events] == [
-        hooks.BEFORE_TASK_CREATE,
-        hooks.BEFORE_TASK_CREATE,
-        hooks.AFTER_TASK_CREATE,
+        BEFORE_TASK_CREATE,
+        BEFORE_TASK_CREATE,
+        AFTER_TASK_CREATE,
     ]
 
 
 def test_a_blocking_deny_refuses_a_manual_launch_and_changes_nothing(install, ledger, instance):
-    @hooks.listener(hooks.BEFORE_TASK_CREATE, blocking=True)
+    @listener(BEFORE_TASK_CREATE, blocking=True)
     def freeze(ctx):
-        return hooks.deny("change freeze")
+        return deny("change freeze")
 
     install(freeze)
     submitted: list[str] = []
@@ -400,8 +415,8 @@ def test_an_unsupported_task_fails_its_entry_once_with_one_alert_and_no_retry(
     assert stored.tags.get(t.DAGSTER_WILL_RETRY) == "false"
     assert [a["entry_id"] for a in alerts(caplog)] == [entry.id]
     # The body never ran: no task_before, no tick event; task_failed once, with its kind.
-    assert recorder.events() == [hooks.TASK_FAILED]
-    assert recorder.one(hooks.TASK_FAILED).failure_kind == FailureKind.UNSUPPORTED_TASK
+    assert recorder.events() == [TASK_FAILED]
+    assert recorder.one(TASK_FAILED).failure_kind == FailureKind.UNSUPPORTED_TASK
 
     again = materialize(asset, ledger, instance, unsupported_tags(), raise_on_error=False)
     assert not again.success
