@@ -219,7 +219,9 @@ class TaskView:
             "effective_cadence": self.effective.label,
             "effective_interval_minutes": self.effective.minutes,
             "slot_minutes": self.slot_minutes,
-            "cron": self.plan.cron,
+            # The rule's cron as it is read, in its own zone; what Dagster fires on (UTC crons
+            # around a clock change) is "schedule_crons".
+            "cron": self.plan.zoned_cron or self.plan.cron,
             "timezone": self.rule_zone,
             "schedule_crons": list(self.plan.crons),
             "schedule_timezone": self.plan.timezone,

@@ -92,6 +92,17 @@ def test_dues_list_utc_and_local_times_with_the_dst_rule(box: Box) -> None:
     assert [b - a for a, b in pairwise(starts)] == [SLOT] * 3
 
 
+def test_tasks_json_shows_the_rule_as_declared_and_the_schedules_crons_apart(box: Box) -> None:
+    # A rule read in a zone with clock changes fires on UTC crons; "cron" once showed the
+    # first of those ("0 0 * * *") as if it were the rule.
+    (row,) = [
+        r for r in box.ok("tasks", **{ENV_TIMEZONE: "Europe/Berlin"}) if r["key"] == "log_archive"
+    ]
+    assert (row["cron"], row["timezone"]) == ("0 2 * * *", "Europe/Berlin")
+    assert row["schedule_timezone"] == "UTC"
+    assert row["schedule_crons"] == ["0 0,1 * * *"]  # 02:00 Berlin in summer and in winter
+
+
 # Refused before the ledger is read or written: the same on both ledgers, tried on SQLite.
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
