@@ -518,3 +518,29 @@ def test_repeating_a_manual_launch_whose_run_was_canceled_re_dispatches_it(
     # The listener's outcomes, NUL and all, are stored on both backends (once per dispatch).
     hooks_seen = entry.summary["hooks"]
     assert len(hooks_seen) == 2 and all("NUL listener" in h["reason"] for h in hooks_seen)
+
+
+# --- a listener that prints cannot corrupt a command's output -----------------------------------
+
+LOUD_HOOKS_MODULE = """
+def shout(context):
+    print("LOUD " * 100_000)
+"""
+
+
+def test_a_listener_that_prints_cannot_corrupt_json_output(box: Box) -> None:
+    # A listener's print once came before the JSON document on stdout (a 50 MB print, exit 0).
+    (box.tmp / "loud_hooks.py").write_text(LOUD_HOOKS_MODULE)
+    hooks = box.tmp / "hooks.toml"
+    hooks.write_text(
+        '[[listeners]]\ntarget = "loud_hooks:shout"\nevents = ["before_task_create"]\n'
+    )
+    box.env.update(PYTHONPATH=str(box.tmp), DUELEDGER_HOOKS_FILE=str(hooks))
+    ran = box.run("launch", "ticket_auto_close", "--operator", "ops", "--reason", "r", "--json")
+    assert ran.code == 0, ran.output[-2000:]
+    launched = json.loads(ran.out)  # the whole of stdout is one JSON document
+    assert launched["entry_id"] > 0
+    assert "LOUD" not in ran.out
+    # What it printed went to stderr, bounded, with a note of what was dropped.
+    assert "LOUD LOUD" in ran.err and "the rest was dropped" in ran.err
+    assert len(ran.err) < 200_000

@@ -3,7 +3,9 @@ try/except, joined with the listener's timeout; whatever happens becomes an outc
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -140,6 +142,56 @@ def _split_tags(
     return accepted, ignored
 
 
+#: How much one listener call may print; the rest is dropped (said once, on stderr).
+MAX_LISTENER_OUTPUT_CHARS = 64 * 1024
+
+_listening = threading.local()
+
+
+class _ListenerStdout(io.TextIOBase):
+    """``sys.stdout`` once a listener has run in this process: what a listener's thread prints
+    goes to stderr, bounded, never into the output of the command or run around it (a
+    `--json` command's stdout is one JSON document); every other thread writes through."""
+
+    def __init__(self, stdout: Any) -> None:
+        self.stdout = stdout
+
+    def write(self, text: str) -> int:
+        left: int | None = getattr(_listening, "left", None)
+        if left is None:
+            return int(self.stdout.write(text))
+        if left > 0:
+            sys.stderr.write(text[:left])
+            if len(text) > left:
+                sys.stderr.write(
+                    f"\n[dueledger: a hook listener printed more than "
+                    f"{MAX_LISTENER_OUTPUT_CHARS} characters; the rest was dropped]\n"
+                )
+        _listening.left = max(0, left - len(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stdout.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return int(self.stdout.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.stdout.isatty())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.stdout, "encoding", "utf-8"))
+
+
+def _route_listener_output() -> None:
+    if not isinstance(sys.stdout, _ListenerStdout):
+        sys.stdout = _ListenerStdout(sys.stdout)
+
+
 def _call(item: Listener, context: HookContext) -> tuple[str, Any]:
     """Call the listener and judge what it returned, in a daemon thread joined with its
     timeout: the listener's value is plugin code too (a ``__repr__``, a ``reason`` whose
@@ -150,8 +202,10 @@ def _call(item: Listener, context: HookContext) -> tuple[str, Any]:
     result, whenever it comes, is dropped.
     """
     box: dict[str, Any] = {}
+    _route_listener_output()
 
     def target() -> None:
+        _listening.left = MAX_LISTENER_OUTPUT_CHARS
         try:
             box["value"] = _judge(item, context, item.fn(context))
         except BaseException as exc:  # SystemExit in a listener must not end anything either
