@@ -7,7 +7,11 @@ catch-up does nothing; every bad value is exit 2 naming the option, a refusal ex
 
 from __future__ import annotations
 
+import functools
+import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -204,3 +208,71 @@ def test_catch_up_runs_each_due_once_and_a_second_catch_up_does_nothing(
     second = box.ok("catch-up", TASK, *span, *who)
     assert (second["launched"], second["retried"]) == (0, 0)
     assert len(ledger.list_entries(task_key=TASK)[0]) == 5  # 2 before + 2 dues + 1 retry child
+
+
+# --- concurrent operators: the database decides, one winner, one audit ------------------------
+
+RACERS = 6
+ROUNDS = 2
+
+
+def _race(box: Box, *args: str) -> list[Ran]:
+    """``dueledger ARGS`` as RACERS console-script processes started together."""
+    with ThreadPoolExecutor(RACERS) as pool:
+        return list(pool.map(lambda _: box.run(*args, "--json"), range(RACERS)))
+
+
+def test_concurrent_pauses_and_resumes_have_one_winner_and_one_audit_each(box: Box) -> None:
+    # On PostgreSQL, racing resumes once all exited 0, each writing an audit (131 audits for
+    # 20 pauses), and a racing pause exited 1 on the open-pause index instead of 3.
+    for _ in range(ROUNDS):
+        for command in ("pause", "resume"):
+            ran = _race(box, command, TASK, "--reason", "race", "--operator", "alice")
+            codes = sorted(r.code for r in ran)
+            assert codes == [0] + [3] * (RACERS - 1), [r.output[-400:] for r in ran]
+            for loser in (r for r in ran if r.code == 3):
+                assert json.loads(loser.out)["error"]  # a refusal naming why, not a traceback
+    audits = {
+        action: len(box.ledger.recent_audit(action=action))
+        for action in ("task_paused", "task_resumed")
+    }
+    assert audits == {"task_paused": ROUNDS, "task_resumed": ROUNDS}
+    (row,) = [r for r in box.ok("tasks") if r["key"] == TASK]
+    assert row["paused"] == []
+
+
+THREADS = 8
+THREAD_ROUNDS = 10
+
+
+def test_threads_racing_pause_and_resume_still_have_one_winner_each(box: Box) -> None:
+    # The console scripts above start a second or so apart; threads released together by a
+    # barrier hit the database in the same instant, where the races were found.
+    from orchestration.declarations import registered_tasks
+    from orchestration.pause import pause_task, resume_task
+    from resources.core.errors import Refused
+    from resources.ledger import Ledger
+
+    ledgers = [Ledger.open(box.url) for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+    specs = registered_tasks()
+
+    def contend(ledger: Ledger, act) -> str:
+        barrier.wait(timeout=60)
+        try:
+            act(ledger, specs, TASK, operator="alice", reason="race")
+        except Refused:
+            return "refused"
+        return "won"
+
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            for _ in range(THREAD_ROUNDS):
+                for act in (pause_task, resume_task):
+                    results = sorted(pool.map(functools.partial(contend, act=act), ledgers))
+                    assert results == ["refused"] * (THREADS - 1) + ["won"], act.__name__
+    finally:
+        for ledger in ledgers:
+            ledger.dispose()
+    assert len(box.ledger.recent_audit(action="task_paused")) == THREAD_ROUNDS
+    assert len(box.ledger.recent_audit(action="task_resumed")) == THREAD_ROUNDS
