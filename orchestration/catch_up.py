@@ -229,29 +229,34 @@ def run_catch_up(
     to_launch: list[tuple[int, CatchUpStep]] = []
     for step in steps:
         if step.action in (LAUNCH, RELAUNCH):
-            entry = ledger.ensure_entry(
-                task_key=spec.key,
-                trigger=Trigger.MANUAL,
-                dedup_key=Due(step.due).key,
-                due=step.due,
-                max_attempts=spec.max_attempts,
-                operator=operator,
-                reason=reason,
-            )
-            ours = entry.trigger == Trigger.MANUAL and entry.status == Status.QUEUED
+            # The entry and its audit record in one transaction: a catch-up killed at any
+            # instant leaves both or neither.
+            with ledger.transaction() as conn:
+                entry = ledger.ensure_entry(
+                    task_key=spec.key,
+                    trigger=Trigger.MANUAL,
+                    dedup_key=Due(step.due).key,
+                    due=step.due,
+                    max_attempts=spec.max_attempts,
+                    operator=operator,
+                    reason=reason,
+                    connection=conn,
+                )
+                ours = entry.trigger == Trigger.MANUAL and entry.status == Status.QUEUED
+                if ours and not entry.run_ids and step.action == LAUNCH:
+                    ledger.write_audit(
+                        operator=operator,
+                        action=ACTION_CATCH_UP,
+                        entry_id=entry.id,
+                        reason=reason,
+                        checks={"task_key": spec.key, "due": format_due(step.due)},
+                        outcome=f"launched: catch-up of {spec.key} due {format_due(step.due)}",
+                        connection=conn,
+                    )
             if not ours or entry.run_ids:
                 note = f"got entry {entry.id} ({entry.status}) meanwhile: left alone"
                 done.append(replace(step, action=LEAVE, entry_id=entry.id, note=note))
                 continue
-            if step.action == LAUNCH:
-                ledger.write_audit(
-                    operator=operator,
-                    action=ACTION_CATCH_UP,
-                    entry_id=entry.id,
-                    reason=reason,
-                    checks={"task_key": spec.key, "due": format_due(step.due)},
-                    outcome=f"launched: catch-up of {spec.key} due {format_due(step.due)}",
-                )
             to_launch.append((len(done), replace(step, entry_id=entry.id)))
             done.append(replace(step, entry_id=entry.id))
         elif step.action == RETRY and step.entry_id is not None:
