@@ -240,9 +240,12 @@ class Runtime:
         ):
             return LedgerConflict(f"ledger write conflict in {where}: {detail}")
         if "no such table" in text or ("relation" in text and "does not exist" in text):
-            return LedgerError(
-                f"the ledger tables are missing in {where} ({detail}); apply the migrations "
-                f"first with RunLedger(...).migrate()"
+            return LedgerConfigError(
+                f"the ledger tables are missing in {where} ({detail}), though every `dueledger` "
+                f"command and run creates them in a database it opens: this one records a "
+                f"migration its tables do not match (restored or copied in part). Point "
+                f"DUELEDGER_DATABASE_URL at the ledger's database, or at an empty one to "
+                f"start a new ledger"
             )
         if "database is locked" in text or "lock timeout" in text:
             return LedgerError(

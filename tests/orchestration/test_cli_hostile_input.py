@@ -544,3 +544,24 @@ def test_a_listener_that_prints_cannot_corrupt_json_output(box: Box) -> None:
     # What it printed went to stderr, bounded, with a note of what was dropped.
     assert "LOUD LOUD" in ran.err and "the rest was dropped" in ran.err
     assert len(ran.err) < 200_000
+
+
+# --- a ledger database that records a migration its tables do not match -----------------------
+
+
+def test_a_ledger_with_a_version_row_and_no_tables_is_exit_2_saying_what_to_point_at(
+    sqlite_box: Box,
+) -> None:
+    # Such a database (a newer release's version row, its tables lost) once exited 1 telling
+    # a CLI user to call RunLedger(...).migrate() from Python.
+    path = sqlite_box.tmp / "partial.sqlite"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE dueledger_alembic_version (version_num VARCHAR(32))"))
+        conn.execute(sa.text("INSERT INTO dueledger_alembic_version VALUES ('9999_from_later')"))
+    engine.dispose()
+    ran = sqlite_box.run("summary", "--json", **{ENV_DATABASE_URL: f"sqlite:///{path}"})
+    assert ran.code == 2, ran.output[-2000:]
+    error = json.loads(ran.out)["error"]
+    assert "the ledger tables are missing" in error and "DUELEDGER_DATABASE_URL" in error
+    assert "migrate()" not in error and "Traceback" not in ran.output
