@@ -89,6 +89,11 @@ DAILY_PARTITIONS_START: Final = "2025-01-01"
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
 
+class CadenceWarning(UserWarning):
+    """A task declares a cadence finer than the slot allows: it runs once per slot. Warned
+    when the code location loads; the CLI shows it as the task's effective cadence instead."""
+
+
 class TaskSpecError(ValueError):
     """A task declaration is invalid; the message names the task and the field."""
 
@@ -401,7 +406,7 @@ def build_views(specs: Sequence[TaskSpec], slot_minutes: int, timezone: str) -> 
                 f"runs {effective.label} on {slot_minutes}-minute slots"
             )
         for note in notes:
-            warnings.warn(note, UserWarning, stacklevel=2)
+            warnings.warn(note, CadenceWarning, stacklevel=2)
         views.append(
             TaskView(spec, plan, declared, effective, slot_minutes, tuple(notes), zone=zone)
         )

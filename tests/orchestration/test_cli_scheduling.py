@@ -96,6 +96,13 @@ def test_dues_list_utc_and_local_times_with_the_dst_rule(box: Box) -> None:
     assert [b - a for a, b in pairwise(starts)] == [SLOT] * 3
 
 
+def test_dues_prints_no_python_warnings_about_other_tasks(box: Box) -> None:
+    # The cadence warnings of the tick tasks once came out of every command, with source.
+    ran = box.run("dues", TASK, "--next", "2")
+    assert ran.code == 0, ran.output[-2000:]
+    assert "Warning" not in ran.err and "declares every minute" not in ran.err
+
+
 def test_tasks_json_shows_the_rule_as_declared_and_the_schedules_crons_apart(box: Box) -> None:
     # A rule read in a zone with clock changes fires on UTC crons; "cron" once showed the
     # first of those ("0 0 * * *") as if it were the rule.
