@@ -470,8 +470,9 @@ def _metadata(view: TaskView) -> dict[str, str | int | bool]:
         "dueledger/manual_trigger": spec.manual_trigger,
         "dueledger/missed_slot_policy": spec.missed_slot_policy,
         "dueledger/overlap_policy": spec.overlap_policy,
-        "dueledger/pause_after_failures": spec.pause_after_failures or 0,
-        "dueledger/deadline_seconds": deadline or 0,
+        # "none" where the policy is off, as `dueledger tasks` says it (0 read as a value).
+        "dueledger/pause_after_failures": spec.pause_after_failures or "none",
+        "dueledger/deadline_seconds": deadline or "none",
     }
 
 

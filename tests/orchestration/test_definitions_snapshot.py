@@ -140,3 +140,14 @@ def test_asset_checks_match_the_snapshot():
     expected = {key: {"latest_due_accounted_for"} for key in EXPECTED}
     expected["ledger_health"] |= LEDGER_HEALTH_CHECKS
     assert actual == expected
+
+
+def test_a_policy_that_is_off_reads_none_in_the_uis_metadata():
+    # Job and schedule metadata once showed `pause_after_failures 0` and `deadline_seconds 0`
+    # where `dueledger tasks` says null: 0 reads as a value.
+    for definition in (
+        defs.resolve_job_def("order_cleanup_job"),
+        defs.resolve_schedule_def("order_cleanup_schedule"),
+    ):
+        for key in ("dueledger/pause_after_failures", "dueledger/deadline_seconds"):
+            assert definition.metadata[key].value == "none", (definition.name, key)
