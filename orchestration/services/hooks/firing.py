@@ -186,6 +186,10 @@ class _ListenerStdout(io.TextIOBase):
     def encoding(self) -> str:  # type: ignore[override]
         return str(getattr(self.stdout, "encoding", "utf-8"))
 
+    def __getattr__(self, name: str) -> Any:
+        # ``buffer``, ``mode``, ``name``...: the real stream's, for code that asks for them.
+        return getattr(self.stdout, name)
+
 
 def _route_listener_output() -> None:
     if not isinstance(sys.stdout, _ListenerStdout):
