@@ -75,6 +75,48 @@ def check_writable(path: Path) -> None:
         )
 
 
+def _start_server(host: str, port: int, registry: Any) -> tuple[Any, threading.Thread]:
+    """``prometheus_client``'s metrics app on a threaded WSGI server at ``host:port``, in a
+    daemon thread. A scrape that fails answers 500 with one line saying what failed (the
+    ledger unreachable, say), where the stock server answers only "A server error
+    occurred"; Prometheus records the scrape as failed (``up == 0``) either way."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        try:
+            return list(metrics_app(environ, start_response))
+        except Exception as exc:  # the scrape failed: say what, once, in the body
+            detail = (str(exc).strip().splitlines() or [""])[0][:500]
+            body = f"dueledger metrics: the scrape failed: {type(exc).__name__}: {detail}\n"
+            data = body.encode("utf-8", "backslashreplace")
+            start_response(
+                "500 Internal Server Error",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))],
+            )
+            return [data]
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a scrape every few seconds is not news
+
+    server = make_server(host, port, app, Server, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
 _KINDS = {
     stat.S_IFLNK: "a symbolic link",
     stat.S_IFIFO: "a FIFO",
@@ -113,7 +155,7 @@ _operator_option = click.option(
 def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None:
     """Serve the metrics at http://HOST:PORT/metrics until stopped (SIGTERM or Ctrl-C)."""
     # Imported when a metrics command runs, so the other commands do not load them.
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     # The collector, loaded with prometheus_client for the same reason.
     from orchestration.cli.exposition import LedgerCollector, snapshot_source
@@ -124,7 +166,7 @@ def serve_cmd(host: str, port: str, operator: str | None, as_json: bool) -> None
     registry.register(collector)
     # The port first: one in use is exit 2 before the ledger or Dagster is touched.
     try:
-        server, thread = start_http_server(number, addr=host, registry=registry)
+        server, thread = _start_server(host, number, registry)
     except OSError as exc:
         raise InvalidInput(
             f"cannot listen on {host}:{number} (--host {host} --port {port}): "

@@ -336,3 +336,23 @@ def test_write_refuses_anything_but_a_regular_file_and_replaces_nothing(env, tmp
         before.st_ino,
         before.st_rdev,
     )
+
+
+@pytest.mark.postgres
+def test_a_scrape_that_fails_is_a_500_that_says_what_failed(
+    env, tmp_path, pg_server, postgres_url, monkeypatch
+):
+    # The stock server answered "A server error occurred", not the error the docs promise.
+    env = {**env, ENV_DATABASE_URL: postgres_url}
+    proc, url = serve(env, tmp_path / "serve.log")
+    try:
+        scrape(url)  # a healthy scrape first: the ledger is there
+        pg_server.drop_database(postgres_url.rsplit("/", 1)[1])  # its connections forced off
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=60)
+        body = failed.value.read().decode()
+    finally:
+        stop_group(proc)
+    assert failed.value.code == 500
+    assert body.startswith("dueledger metrics: the scrape failed: "), body
+    assert "cannot use the ledger database" in body and "DUELEDGER_DATABASE_URL" in body, body
