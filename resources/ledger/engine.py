@@ -240,10 +240,19 @@ class Runtime:
         ):
             return LedgerConflict(f"ledger write conflict in {where}: {detail}")
         if "no such table" in text or ("relation" in text and "does not exist" in text):
+            # migrate imports this module: asked here, at error time, only.
+            from resources.ledger.migrate import was_migrated
+
+            if not was_migrated(self.url):
+                return LedgerConfigError(
+                    f"the ledger tables are missing in {where} ({detail}): this ledger was "
+                    f"never migrated. Every `dueledger` command and run creates them in a "
+                    f"database it opens; from Python, call RunLedger(...).migrate() first"
+                )
             return LedgerConfigError(
-                f"the ledger tables are missing in {where} ({detail}), though every `dueledger` "
-                f"command and run creates them in a database it opens: this one records a "
-                f"migration its tables do not match (restored or copied in part). Point "
+                f"the ledger tables are missing in {where} ({detail}), though this process "
+                f"found the database at the newest migration: it records a migration its "
+                f"tables do not match (restored or copied in part). Point "
                 f"DUELEDGER_DATABASE_URL at the ledger's database, or at an empty one to "
                 f"start a new ledger"
             )

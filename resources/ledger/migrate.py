@@ -119,6 +119,11 @@ def mark_migrated(url: str) -> None:
     _migrated.add((os.getpid(), url))
 
 
+def was_migrated(url: str) -> bool:
+    """Whether this process brought ``url`` to head (or found it there)."""
+    return (os.getpid(), url) in _migrated
+
+
 def migrate_once(url: str, migrate: Callable[[], None]) -> None:
     """Run ``migrate`` unless this process already migrated ``url``; threads wait for the first.
 

@@ -866,7 +866,7 @@ def test_a_dropped_connection_is_a_ledger_error_then_the_ledger_recovers(
 
 
 def test_unmigrated_database_says_to_migrate(sqlite_url: str) -> None:
-    with pytest.raises(LedgerError, match=r"migrate\(\)"):
+    with pytest.raises(LedgerError, match=r"never migrated.*migrate\(\) first"):
         RunLedger(database_url=sqlite_url).get(1)
 
 
