@@ -9,6 +9,15 @@ number of tasks: the entries that changed since then are one indexed read
 task's check is evaluated again only when its latest due moved, one of its entries changed,
 or its last evaluation was not settled (the cursor names those tasks). A success is final,
 so a check that passed with it stands until the task's next due.
+
+Between slot starts, each tick re-reports the checks of the tasks whose entries settled since
+the previous tick (a success, a failure, a skip, a reclaim, a retry's outcome), and the
+ledger's checks when ``ledger_health``'s own entry did. Dagster shows a check evaluation on
+the asset's materialization only if the evaluation is newer, and a task run materializes
+seconds after the slot start: without this, every materialization made after the slot's
+evaluation read "Not evaluated", and a failed due's red check disappeared behind it. A run's
+materialization precedes its entry's success, so an evaluation made after the entry changed
+is newer than it.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from orchestration.services.accounting import (
     check_evaluation,
 )
 from orchestration.services.alerts import Alerts
-from orchestration.services.ledger_checks import ledger_check_evaluations
+from orchestration.services.ledger_checks import ledger_check_evaluations, ledger_health_view
 from orchestration.services.summary import SUMMARY_WINDOW, first_line
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
@@ -190,6 +199,8 @@ class _Cursor:
     at: datetime | None = None
     tasks: str | None = None
     unsettled: frozenset[str] | None = None
+    #: When the previous tick (slot start or not) read the entries that changed.
+    seen: datetime | None = None
 
 
 def _tasks_digest(views: Sequence[TaskView]) -> str:
@@ -207,6 +218,7 @@ def _slot_cursor(cursor: str | None) -> _Cursor:
             _parse_iso(data.get("at")),
             data.get("tasks") if isinstance(data.get("tasks"), str) else None,
             frozenset(map(str, unsettled)) if isinstance(unsettled, list) else None,
+            _parse_iso(data.get("seen")),
         )
     except (ValueError, AttributeError, TypeError):
         return _Cursor()
@@ -262,7 +274,7 @@ def build_slot_health_sensor(
         slot = floor_to_slot(now, slot_minutes)
         previous = _slot_cursor(context.cursor)
         if previous.slot is not None and previous.slot >= slot:
-            return dg.SensorResult(skip_reason=f"slot {format_due(slot)} already evaluated")
+            return _report_settled_since(context, ledger, views, previous, slot, now)
         since = previous.at if previous.at is not None else now - SUMMARY_WINDOW
         # What changed since the previous evaluation: one indexed read (updated_at).
         changed = ledger.entries_updated_since(since)
@@ -283,6 +295,7 @@ def build_slot_health_sensor(
                 "at": iso(now, micro=True),
                 "tasks": _tasks_digest(views),
                 "unsettled": sorted(unsettled),
+                "seen": iso(now, micro=True),
             }
         )
         checks = [check_evaluation(a) for a in accounts]
@@ -302,3 +315,62 @@ def build_slot_health_sensor(
         )
 
     return slot_health_sensor
+
+
+#: How far back a tick between slot starts reads again before the previous tick: a write
+#: stamped just before that tick's read but committed after it is not lost (re-reporting a
+#: check twice is harmless).
+RESEEN: timedelta = timedelta(seconds=10)
+
+
+def _report_settled_since(
+    context: dg.SensorEvaluationContext,
+    ledger: RunLedger,
+    views: Sequence[TaskView],
+    previous: _Cursor,
+    slot: datetime,
+    now: datetime,
+) -> dg.SensorResult:
+    """A tick inside an evaluated slot: the checks of the tasks whose entries settled since
+    the previous tick, reported again so they sit on the materialization those runs made."""
+    since = (previous.seen or previous.at or now) - RESEEN
+    # A running entry's heartbeat changes its row but not its account: only settled changes.
+    settled = {
+        e.task_key for e in ledger.entries_updated_since(since) if e.status != Status.RUNNING
+    }
+    cursor = json.dumps(
+        {
+            "slot": format_due(slot),
+            "at": iso(previous.at or now, micro=True),
+            "tasks": previous.tasks,
+            "unsettled": None if previous.unsettled is None else sorted(previous.unsettled),
+            "seen": iso(now, micro=True),
+        }
+    )
+    accounts = [
+        account_latest_due(v, ledger, now, instance=context.instance)
+        for v in views
+        if v.spec.key in settled
+    ]
+    checks = [check_evaluation(a) for a in accounts]
+    health = ledger_health_view(views)
+    if health is not None and health.spec.key in settled:
+        checks += ledger_check_evaluations(ledger, context.instance, views, now)
+    if not checks:
+        return dg.SensorResult(
+            skip_reason=f"slot {format_due(slot)} already evaluated; no entry settled since",
+            cursor=cursor,
+        )
+    if previous.unsettled is not None:
+        still = (previous.unsettled - settled) | {
+            a.task_key for a in accounts if a.state not in SETTLED_STATES
+        }
+        cursor = json.dumps({**json.loads(cursor), "unsettled": sorted(still)})
+    return dg.SensorResult(
+        skip_reason=(
+            f"slot {format_due(slot)} already evaluated; checks of {len(accounts)} task(s) "
+            f"whose entries settled since the previous tick reported again"
+        ),
+        cursor=cursor,
+        asset_events=checks,
+    )

@@ -65,11 +65,19 @@ class DueAccount:
     warning: bool = False
 
     def metadata(self) -> dict[str, Any]:
+        # The entry as text and a link: a number would be plotted over the check's history,
+        # and a chart of entry ids means nothing.
+        entry: dict[str, Any] = {}
+        if self.entry_id is not None:
+            entry = {
+                "entry_id": dg.MetadataValue.text(str(self.entry_id)),
+                "entry_runs": dg.MetadataValue.url(t.entry_runs_path(self.entry_id)),
+            }
         return {
             "task": self.task_key,
             "due": self.due.text if self.due else None,
             "state": self.state,
-            "entry_id": self.entry_id,
+            **entry,
         }
 
 

@@ -137,6 +137,64 @@ def test_ledger_health_shows_each_tasks_latest_due_and_links_to_its_runs(
         stop_group(proc)
 
 
+#: The query the asset page's Checks tab makes for each check's state on the latest
+#: materialization (None: "Not evaluated").
+_CHECKS_QUERY = """
+query Checks($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      assetChecksOrError {
+        ... on AssetChecks {
+          checks { name executionForLatestMaterialization { status evaluation { description } } }
+        }
+      }
+    }
+  }
+}
+"""
+#: slot_health_sensor ticks every 60 s; slower while runs compete for 2 cores.
+CHECK_WAIT = 240.0
+
+
+def _check_states(server: DevServer, asset: str) -> dict[str, str | None]:
+    data = server.graphql(_CHECKS_QUERY, {"key": {"path": [asset]}})
+    checks = data["assetNodeOrError"]["assetChecksOrError"]["checks"]
+    return {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status") for c in checks}
+
+
+@uses_stories("ledger_health_page")
+def test_checks_sit_on_the_materialization_they_judge_not_evaluated_never_shows(
+    finish, page: Page, dagster_dev: DevServer
+):
+    # Both assets materialized after the slot's evaluation (the due's run, then the Catalog's
+    # ledger_health): the sensor reports their checks again once their entries settle, so
+    # each check has an evaluation on the latest materialization without anyone executing it.
+    story = finish("ledger_health_page")
+    assert story["health_status"] == "SUCCESS", story
+    for asset in (FAILING_TASK, "ledger_health"):
+        deadline = time.monotonic() + CHECK_WAIT
+        states = _check_states(dagster_dev, asset)
+        while None in states.values() and time.monotonic() < deadline:
+            time.sleep(5)
+            states = _check_states(dagster_dev, asset)
+        assert None not in states.values(), f"{asset}: not evaluated on its latest: {states}"
+        # The Checks tab as a person opens it: every check listed, none "Not evaluated" (a
+        # run still finishing elsewhere may materialize meanwhile: the page is read again).
+        deadline = time.monotonic() + CHECK_WAIT
+        while True:
+            page.goto(dagster_dev.url(f"/assets/{asset}?view=checks"))
+            for name in states:
+                expect(page.get_by_text(name, exact=True).first).to_be_visible()
+            if page.get_by_text("Not evaluated").count() == 0:
+                break
+            assert time.monotonic() < deadline, f"{asset}: the Checks tab says Not evaluated"
+            time.sleep(5)
+    if story["due_status"] == "SUCCESS":
+        assert _check_states(dagster_dev, FAILING_TASK)["latest_due_accounted_for"] == "SUCCEEDED"
+        page.goto(dagster_dev.url(f"/assets/{FAILING_TASK}?view=checks"))
+        expect(page.get_by_text("Passed").first).to_be_visible()
+
+
 def _served_url(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

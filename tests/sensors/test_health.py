@@ -15,6 +15,8 @@ import pytest
 from sensor_support import fixture_module
 
 from orchestration.reclaim import reclaim_expired
+from orchestration.services.accounting import CHECK_NAME
+from orchestration.services.ledger_checks import LEDGER_CHECK_NAMES
 from orchestration.services.summary import ledger_summary, summary_markdown
 from orchestration.task_spec import Cron, EverySlots, TaskSpec, build_views
 from resources.core import tags as t
@@ -34,8 +36,8 @@ THIRTY_HOURS_AGO = NOW - timedelta(hours=30)
 TTL = timedelta(minutes=5)
 
 
-def at(hh: int, mm: int) -> datetime:
-    return datetime(2026, 11, 30, hh, mm, tzinfo=UTC)
+def at(hh: int, mm: int, ss: int = 0) -> datetime:
+    return datetime(2026, 11, 30, hh, mm, ss, tzinfo=UTC)
 
 
 def views():
@@ -264,7 +266,7 @@ def test_slot_health_warns_once_per_slot_listing_what_went_wrong(ledger, alerts)
     assert alert["missed_dues"] == {}
 
     again = _evaluate(ledger, at(22, 40), first.cursor)  # the same slot: nothing more
-    assert len(alerts) == 1 and again.cursor is None
+    assert len(alerts) == 1 and not again.asset_events
     ledger.ensure_entry(
         task_key="strict_task",
         trigger=Trigger.SCHEDULE,
@@ -343,3 +345,42 @@ def test_a_new_tasks_check_is_settled_until_its_due_moves_or_an_entry_of_it_chan
     third = _tick(ledger, both, at(22, 46), second.cursor)
     assert _checked_tasks(third) == ["hourly_task", "strict_task"]  # its entry changed
     assert json.loads(third.cursor or "")["unsettled"] == ["hourly_task"]  # running
+
+
+def test_inside_a_slot_a_tick_reports_again_the_checks_of_tasks_whose_entries_settled(ledger):
+    # A run materializes seconds after its slot's evaluation; Dagster shows an evaluation on a
+    # materialization only if it is newer. The tick after the run's entry settles reports the
+    # check again; a heartbeat (a running entry's row changes) is no reason to.
+    both = _two_cadences()
+    start = _tick(ledger, both, at(22, 16), None)
+    assert _checked_tasks(start) == ["hourly_task", "strict_task"]
+    quiet = _tick(ledger, both, at(22, 17), start.cursor)
+    assert not quiet.asset_events
+    assert "no entry settled" in (quiet.skip_reason.skip_message or "")  # type: ignore[union-attr]
+    running = _due_entry(ledger, at(22, 0))  # the latest finished slot's due, late
+    ledger.claim(running.id, "run-a", lease_ttl=TTL, now=at(22, 17, 30))
+    ledger.heartbeat(running.id, "run-a", lease_ttl=TTL, now=at(22, 17, 45))
+    beating = _tick(ledger, both, at(22, 18), quiet.cursor)
+    assert not beating.asset_events  # running: its account has not changed
+    assert ledger.succeed(running.id, "run-a", now=at(22, 18, 20))
+    settled = _tick(ledger, both, at(22, 19), beating.cursor)
+    assert _checked_tasks(settled) == ["strict_task"]
+    (evaluation,) = settled.asset_events or []
+    assert evaluation.metadata["entry_id"] == dg.MetadataValue.text(str(running.id))  # not a plot
+    after = _tick(ledger, both, at(22, 20), settled.cursor)
+    assert not after.asset_events  # reported once (and once more at most within RESEEN)
+    # The slot's own evaluation is not repeated by these ticks: the next slot start is.
+    assert json.loads(after.cursor or "")["slot"] == "2026-11-30T22:15:00Z"
+
+
+def test_inside_a_slot_ledger_health_settling_reports_the_ledger_checks_again(ledger):
+    views = build_views(
+        [TaskSpec(key="ledger_health", rule=EverySlots(1), declared_cadence="slot")], 15, "UTC"
+    )
+    start = _tick(ledger, views, at(22, 16), None)
+    own = _due_entry(ledger, at(22, 15), task="ledger_health")
+    ledger.claim(own.id, "run-health", lease_ttl=TTL, now=at(22, 16, 10))
+    assert ledger.succeed(own.id, "run-health", now=at(22, 16, 30))
+    settled = _tick(ledger, views, at(22, 17), start.cursor)
+    names = sorted(e.check_name for e in settled.asset_events or [])
+    assert names == sorted([CHECK_NAME, *LEDGER_CHECK_NAMES])
