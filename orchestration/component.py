@@ -113,6 +113,7 @@ class DueTask(dg.Component, dg.Resolvable, dg.Model):
     concurrent_safe: bool | None = None
     pause_after_failures: int | None = None
     deadline: str | int | None = None
+    retry_backoff: str | int | None = None
     timezone: str | None = None
     partitions: str | None = None
     group_name: str | None = None

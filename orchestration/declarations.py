@@ -99,7 +99,7 @@ _NOT_RESOURCES: Final = frozenset({"context", "run", "hooks", "config"})
 
 #: ``5m``, ``1h30m``, ``90s``, ``7d``: the declaration's durations.
 _DURATION = re.compile(r"^(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
-_DURATION_FIELDS: Final = ("timeout", "lease_ttl", "catch_up_window", "deadline")
+_DURATION_FIELDS: Final = ("timeout", "lease_ttl", "catch_up_window", "deadline", "retry_backoff")
 _RULES: Final = {"cron": Cron, "every_slots": EverySlots, "nth_slot_of_day": NthSlotOfDay}
 #: Attributes of a declaration that go to the task's asset, not its spec.
 ASSET_FIELDS: Final = ("group_name", "kinds")

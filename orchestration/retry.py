@@ -21,6 +21,11 @@
   tags set by hand (docs/operators.md says exactly what differs).
 - **"Re-execute" in the UI** follows the same rules at claim time, as operator ``dagster-ui``
   (:func:`entry_of_run`).
+- **Backoff** (:func:`retry_backoff_wait`): Dagster launches its retry run the moment an
+  attempt fails, so a short outage would use every attempt in seconds; the retry run waits at
+  its claim until the task's ``retry_backoff`` has passed since the failed attempt, doubling
+  with each attempt (60 s, 120 s, ... by default). Manual retries and re-executions do not
+  wait: a person asked for them now.
 - **Lineage**: every run of an entry's lineage carries ``dueledger/lineage=<root entry>``
   (:func:`lineage_root`), so one Runs filter shows the retries.
 
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from orchestration.manual_launch import EntryRequest, RunAttribution
@@ -1026,3 +1031,31 @@ def lineage_root(ledger: Ledger, entry: Entry) -> int:
         seen.add(parent.id)
         root = parent
     return root.id
+
+
+def retry_backoff_wait(
+    spec: TaskSpec, entry: Entry, run_tags: Mapping[str, str], now: datetime
+) -> str | None:
+    """Why Dagster's automatic retry of ``entry`` may not claim it yet (None: it may).
+
+    The wait after attempt ``n`` (``entry.attempt``, the attempts made) is
+    ``retry_backoff * 2**(n - 1)``, counted from the failure (the ``retrying`` entry's
+    ``updated_at``, stamped by ``Ledger.fail``). Only a ``retrying`` entry claimed by a run
+    Dagster's run retries made (``dagster/retry_number``) waits.
+    """
+    if (
+        entry.status != Status.RETRYING
+        or t.DAGSTER_RETRY_NUMBER not in run_tags
+        or spec.retry_backoff <= timedelta(0)
+    ):
+        return None
+    wait = spec.retry_backoff * 2 ** max(entry.attempt - 1, 0)
+    ready = entry.updated_at + wait
+    if now >= ready:
+        return None
+    return (
+        f"retry backoff: attempt {entry.attempt + 1}/{entry.max_attempts} starts at "
+        f"{iso(ready)}, {wait.total_seconds():.0f} s after attempt {entry.attempt} failed "
+        f"(the task's retry_backoff {spec.retry_backoff.total_seconds():.0f} s, doubling "
+        f"per attempt)"
+    )

@@ -254,17 +254,16 @@ def _claim(
     if prepared.run_tags:
         _add_run_tags(context, prepared.run_tags)
     waiting_since: datetime | None = None
-    extended_at = 0.0
+    extended_at, said = 0.0, ""
     while True:
         found = claim(ledger, spec, prepared, facts)
         if not isinstance(found, Waiting):
             break
         if waiting_since is None:
             waiting_since = datetime.now(UTC)
-            context.log.info(
-                f"entry {found.entry.id} {spec.key}: waits for its turn ({found.reason}; "
-                f"overlap policy {spec.overlap_policy})"
-            )
+        if found.reason != said:  # once per reason: a backoff, then maybe its turn
+            context.log.info(f"entry {found.entry.id} {spec.key}: {found.reason}")
+            said = found.reason
         # Run monitoring ends a run past its task's timeout, counted from its start: a run
         # that waits keeps moving its limit (the wait is not the task's work).
         if time.monotonic() - extended_at > min(20.0, spec.timeout.total_seconds() / 2):
@@ -473,6 +472,7 @@ def _metadata(view: TaskView) -> dict[str, str | int | bool]:
         # "none" where the policy is off, as `dueledger tasks` says it (0 read as a value).
         "dueledger/pause_after_failures": spec.pause_after_failures or "none",
         "dueledger/deadline_seconds": deadline or "none",
+        "dueledger/retry_backoff_seconds": int(spec.retry_backoff.total_seconds()) or "none",
     }
 
 

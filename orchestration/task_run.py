@@ -34,7 +34,7 @@ from typing import Final, Protocol
 from orchestration.manual_launch import EntryRequest, attribute_run
 from orchestration.overlap import OverlapAction, claim_with_overlap, waits_its_turn
 from orchestration.pause import skip_paused_due
-from orchestration.retry import entry_of_run, resume_dispatch_failed_entry
+from orchestration.retry import entry_of_run, resume_dispatch_failed_entry, retry_backoff_wait
 from orchestration.task_spec import LEDGER_OVERLAP_POLICIES, TaskSpec, find_task
 from resources.core import tags as t
 from resources.core.entry import (
@@ -137,7 +137,8 @@ class Fatal:
 
 @dataclass(frozen=True)
 class Waiting:
-    """The task is busy and the overlap policy says wait: ask :func:`claim` again."""
+    """Not yet: the task is busy and its overlap policy says wait, or a retry's backoff has
+    not passed. Ask :func:`claim` again; ``reason`` says why, as the run's log shows it."""
 
     reason: str
     entry: Entry
@@ -212,6 +213,11 @@ def claim(
 ) -> Claimed | Unclaimed | Waiting | SecondWorker:
     """Step 5: claim the entry under the task's overlap policy (see the module docstring)."""
     run_id, entry, request = facts.run_id, prepared.entry, prepared.request
+    if entry.status == Status.RETRYING:
+        current = ledger.get(entry.id) or entry
+        backoff = retry_backoff_wait(spec, current, facts.tags, facts.now())
+        if backoff is not None:
+            return Waiting(backoff, current)
     replaced: tuple[Entry, ...] = ()
     if spec.overlap_policy in LEDGER_OVERLAP_POLICIES:
         found = claim_with_overlap(
@@ -225,7 +231,9 @@ def claim(
         )
         action = found.decision.action
         if action is OverlapAction.WAIT:
-            return Waiting(found.decision.reason, found.entry)
+            policy = spec.overlap_policy
+            reason = f"waits for its turn ({found.decision.reason}; overlap policy {policy})"
+            return Waiting(reason, found.entry)
         if action is OverlapAction.SKIP:
             return unclaimed(
                 ledger,

@@ -78,6 +78,8 @@ LEDGER_OVERLAP_POLICIES: Final = (
 MAX_CATCH_UP_WINDOW: Final = timedelta(days=7)
 #: Longest deadline: the deadline sweep and ``deadline_missed_24h`` look this far back.
 MAX_DEADLINE: Final = timedelta(days=7)
+#: Longest first wait before an automatic retry (it doubles with each attempt after).
+MAX_RETRY_BACKOFF: Final = timedelta(hours=1)
 #: Most consecutive failures a task may wait for before it pauses itself.
 MAX_PAUSE_AFTER_FAILURES: Final = 1000
 #: Partitioning a task's asset may declare: one partition per UTC day (backfills by day).
@@ -135,6 +137,10 @@ class TaskSpec:
     pause_after_failures: int | None = None
     #: A due not ``success`` this long after it raises ``deadline_missed`` (None: no deadline).
     deadline: timedelta | None = None
+    #: An automatic retry waits this long after the failed attempt, doubling with each
+    #: attempt (0: retry at once). Dagster launches its retry runs at once; the wait is at
+    #: the retry's claim (``orchestration/retry.py``).
+    retry_backoff: timedelta = timedelta(seconds=60)
     #: IANA zone its Cron / NthSlotOfDay rule is read in (None: ``DUELEDGER_TIMEZONE``).
     timezone: str | None = None
     #: None, or "daily": the asset has UTC-daily partitions and each scheduled run
@@ -245,6 +251,7 @@ class TaskView:
             "concurrent_safe": s.concurrent_safe,
             "pause_after_failures": s.pause_after_failures,
             "deadline_seconds": int(s.deadline.total_seconds()) if s.deadline else None,
+            "retry_backoff_seconds": int(s.retry_backoff.total_seconds()),
             "partitions": s.partitions,
             "source": s.source,
             "warnings": list(self.warnings),
@@ -293,6 +300,12 @@ def _policy_problem(spec: TaskSpec) -> tuple[str, str] | None:
         return (
             "deadline",
             f"must be None or a duration after the due in (0, {MAX_DEADLINE}], got {deadline!r}",
+        )
+    backoff = spec.retry_backoff
+    if not isinstance(backoff, timedelta) or not timedelta(0) <= backoff <= MAX_RETRY_BACKOFF:
+        return (
+            "retry_backoff",
+            f"must be a duration in [0, {MAX_RETRY_BACKOFF}] (0: retry at once), got {backoff!r}",
         )
     if spec.timezone is not None:
         problem = zone_problem(spec.timezone)

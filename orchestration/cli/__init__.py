@@ -122,6 +122,7 @@ def tasks_cmd(as_json: bool) -> None:
                 "timeout_seconds",
                 "lease_ttl_seconds",
                 "max_attempts",
+                "retry_backoff_seconds",
                 "manual_trigger",
                 "missed_slot_policy",
                 "overlap_policy",

@@ -185,6 +185,8 @@ def _views():
             declared_cadence="every slot",
             timeout=timedelta(seconds=30),
             lease_ttl=LEASE_TTL,
+            # Short: the fault budgets hold, and retries still wait at their claim.
+            retry_backoff=timedelta(seconds=2),
             max_attempts=2,
         )
         for i in range(TASKS)

@@ -143,6 +143,8 @@ class Harness:
                 timeout=config.lease_ttl / 2,
                 lease_ttl=config.lease_ttl,
                 max_attempts=config.max_attempts,
+                # Virtual seconds: a retry waits at its claim as in production.
+                retry_backoff=timedelta(seconds=5),
             )
             for i in range(config.tasks)
         )

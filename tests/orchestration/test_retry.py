@@ -7,6 +7,7 @@ test_cli_runs.py and test_ui_reexecution.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -35,6 +36,7 @@ from orchestration.retry import (
     LAUNCH_REEXECUTION,
     RetryResult,
     record_retry,
+    retry_backoff_wait,
     retry_entry,
 )
 from orchestration.services.launch import LaunchFailed, retry_run_id
@@ -698,3 +700,90 @@ def test_the_local_default_is_recorded_in_the_checks(ledger: RunLedger) -> None:
     local = load_operators(None)
     record = retry(ledger, failed(ledger), operator="anyone", operators=local)
     assert record.checks[0].detail == "single local operator (DUELEDGER_OPERATORS not set)"
+
+
+# --- retry backoff: Dagster's retry run waits at its claim -------------------------------------
+
+BACKOFF_SPEC = TaskSpec(
+    key=TASK,
+    rule=EverySlots(1),
+    declared_cadence="every slot",
+    max_attempts=3,
+    retry_backoff=timedelta(seconds=60),
+)
+DAGSTER_RETRY = {t.DAGSTER_RETRY_NUMBER: "1"}
+
+
+def _failed_attempts(ledger: RunLedger, attempts: int, failed_at: datetime):
+    entry = ledger.ensure_entry(
+        task_key=TASK,
+        trigger=Trigger.SCHEDULE,
+        dedup_key=dedup_key_for_due(DUE),
+        max_attempts=3,
+        now=DUE,
+    )
+    for n in range(1, attempts + 1):
+        assert ledger.claim(entry.id, f"run-{n}", lease_ttl=TTL, now=failed_at).claimed
+        ledger.fail(entry.id, f"run-{n}", error="boom", retry_coming=True, now=failed_at)
+    after = ledger.get(entry.id)
+    assert after is not None and after.status == Status.RETRYING and after.attempt == attempts
+    return after
+
+
+@pytest.mark.parametrize(
+    ("attempts", "waited", "waits"),
+    [
+        pytest.param(1, 59, True, id="attempt 2 within 60 s of attempt 1's failure"),
+        pytest.param(1, 60, False, id="attempt 2 at 60 s"),
+        pytest.param(2, 119, True, id="attempt 3 within 120 s: the wait doubles"),
+        pytest.param(2, 120, False, id="attempt 3 at 120 s"),
+    ],
+)
+def test_dagsters_retry_waits_the_backoff_doubling_per_attempt(ledger, attempts, waited, waits):
+    entry = _failed_attempts(ledger, attempts, RAN)
+    said = retry_backoff_wait(BACKOFF_SPEC, entry, DAGSTER_RETRY, RAN + timedelta(seconds=waited))
+    assert (said is not None) is waits
+    if waits:
+        wait = 60 * 2 ** (attempts - 1)
+        assert said is not None and f"attempt {attempts + 1}/3 starts at" in said
+        assert f"{wait} s after attempt {attempts} failed" in said
+
+
+def test_no_wait_for_a_manual_run_a_task_without_backoff_or_an_entry_not_retrying(ledger):
+    entry = _failed_attempts(ledger, 1, RAN)
+    soon = RAN + timedelta(seconds=1)
+    # A UI re-execution or a launch carries no dagster/retry_number: a person asked for now.
+    assert retry_backoff_wait(BACKOFF_SPEC, entry, {}, soon) is None
+    none = dataclasses.replace(BACKOFF_SPEC, retry_backoff=timedelta(0))
+    assert retry_backoff_wait(none, entry, DAGSTER_RETRY, soon) is None
+    failed = dataclasses.replace(entry, status=Status.FAILED)
+    assert retry_backoff_wait(BACKOFF_SPEC, failed, DAGSTER_RETRY, soon) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [timedelta(seconds=-1), timedelta(hours=1, seconds=1), None, 60],
+    ids=["negative", "over an hour", "null", "a bare number"],
+)
+def test_a_bad_retry_backoff_is_refused_naming_the_field(value):
+    from orchestration.task_spec import TaskSpecError, validate_spec
+
+    bad = dataclasses.replace(BACKOFF_SPEC, retry_backoff=value)
+    with pytest.raises(TaskSpecError, match=r"retry_backoff: must be a duration in \[0, 1:00:00\]"):
+        validate_spec(bad, 15)
+
+
+def test_a_declaration_writes_retry_backoff_as_a_duration_and_it_is_in_the_jobs_metadata():
+    from orchestration.declarations import spec_from_attributes
+    from orchestration.task_spec import build_views
+
+    spec, _ = spec_from_attributes(
+        {"key": TASK, "rule": {"every_slots": 1}, "declared_cadence": "slot", "retry_backoff": "2m"}
+    )
+    assert spec.retry_backoff == timedelta(minutes=2)
+    (view,) = build_views([spec], 15, "UTC")
+    assert view.as_json()["retry_backoff_seconds"] == 120
+    default, _ = spec_from_attributes(
+        {"key": TASK, "rule": {"every_slots": 1}, "declared_cadence": "slot"}
+    )
+    assert default.retry_backoff == timedelta(seconds=60)

@@ -29,7 +29,7 @@ from dagster_internals import (
     run_sensor_tick,
     start_run_worker,
 )
-from sensor_support import LedgerEnv, target, task_runs, wait_for
+from sensor_support import LedgerEnv, fixture_module, target, task_runs, wait_for
 
 from orchestration.declarations import task_views
 from orchestration.retry import is_retry_of_a_dispatch_failure
@@ -321,7 +321,8 @@ def test_the_code_location_has_one_redispatch_sensor_for_every_task_at_the_slot_
 class RetryScenario:
     instance: dg.DagsterInstance
     ledger: RunLedger
-    attempts_log: list[tuple[str, str, int]]
+    #: (task, run id, attempt, unix time of the claim)
+    attempts_log: list[tuple[str, str, int, float]]
     entries_before_outcome_tick: dict[str, Any]
     extra_runs_after_exhaustion: int
 
@@ -369,7 +370,7 @@ def retried(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetryScenario]
             yield RetryScenario(
                 instance,
                 ledger,
-                [(a, b, int(c)) for a, b, c in (line.split("\t") for line in lines)],
+                [(a, b, int(c), float(d)) for a, b, c, d in (x.split("\t") for x in lines)],
                 before,
                 extra,
             )
@@ -384,12 +385,36 @@ def test_a_task_failing_twice_then_succeeding_is_one_entry_with_attempts_1_2_3(r
         dg.DagsterRunStatus.SUCCESS,
     ]
     assert [r.tags.get(t.DAGSTER_RETRY_NUMBER) for r in runs] == [None, "1", "2"]
-    claimed = [(run_id, n) for task, run_id, n in retried.attempts_log if task == "flaky_task"]
+    claimed = [(run_id, n) for task, run_id, n, _ in retried.attempts_log if task == "flaky_task"]
     assert claimed == [(r.run_id, n) for r, n in zip(runs, (1, 2, 3), strict=True)]
     (entry,) = retried.ledger.list_entries(task_key="flaky_task")[0]
     assert entry.dedup_key == "due:2026-11-30T22:45:00Z"
     assert (entry.status, entry.attempt) == (Status.SUCCESS, 3)
     assert list(entry.run_ids) == [r.run_id for r in runs]
+
+
+def test_dagster_retries_wait_the_tasks_backoff_doubling_and_a_task_without_one_does_not(retried):
+    # Dagster launches a retry run the moment an attempt fails; flaky_task's retry_backoff
+    # (2 s) makes attempt 2 claim at least 2 s after attempt 1, attempt 3 at least 4 s after
+    # attempt 2. failing_task declares none: its attempts follow one another at once.
+    def claims(task: str) -> list[float]:
+        return [at for name, _, _, at in retried.attempts_log if name == task]
+
+    flaky = claims("flaky_task")
+    backoff = fixture_module().FLAKY_BACKOFF.total_seconds()
+    assert flaky[1] - flaky[0] >= backoff and flaky[2] - flaky[1] >= 2 * backoff, flaky
+
+    def backoff_lines(run: dg.DagsterRun) -> list[str]:
+        logs = retried.instance.all_logs(run.run_id)
+        return [e.user_message for e in logs if "retry backoff" in e.user_message]
+
+    retry_runs = task_runs(retried.instance, "flaky_task")[1:]
+    said = [backoff_lines(r) for r in retry_runs]  # the run's log says why it waits, once
+    assert [len(lines) for lines in said] == [1, 1], said
+    assert "attempt 2/3" in said[0][0] and "attempt 3/3" in said[1][0], said
+    # failing_task declares no backoff: its retry runs claim at once (with the sync launcher
+    # they execute one after the other, so clock gaps would include flaky_task's waits).
+    assert [backoff_lines(r) for r in task_runs(retried.instance, "failing_task")] == [[]] * 3
 
 
 def test_a_task_that_always_fails_is_failed_after_max_attempts_and_not_retried_further(retried):
