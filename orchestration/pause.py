@@ -6,9 +6,16 @@ was paused, by whom and why stays answerable. Three sources open one:
 
 - ``cli``: `dueledger pause TASK --reason` (closed by `dueledger resume`);
 - ``schedule_stopped``: the task's schedule stopped in the Dagster UI, as mirrored each tick
-  of ``ledger_policy_sensor`` (:func:`sync_schedules`; closed when it runs again);
+  of ``ledger_policy_sensor`` (:func:`sync_schedules`);
 - ``pause_after_failures``: the task's last N finished entries failed
   (:func:`pause_after_failures`, ``ledger_policy_sensor``; closed by `dueledger resume`).
+
+**One pause, seen from both sides.** Whatever opened it, `dueledger resume` closes it, and so
+does starting the schedule in the UI (a start later than the pause ends it, by
+``dagster-ui``, audited). And the UI's toggle shows it: while a task has an open pause its
+schedule is stopped in Dagster, and once none is left it runs again
+(:func:`toggle_action`: the policy sensor stops or starts the schedule; a stop it made is not
+a new pause).
 
 While a pause is open, **one function decides for every moment**, :func:`pause_at`: the
 schedule's tick runs nothing (its skip reason names the pause), a run that reaches a due of it
@@ -26,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
@@ -56,8 +64,8 @@ PAUSE_SCHEDULE_STOPPED: Final = "schedule_stopped"
 PAUSE_CLI: Final = "cli"
 PAUSE_AFTER_FAILURES: Final = "pause_after_failures"
 PAUSE_SOURCES: Final = (PAUSE_SCHEDULE_STOPPED, PAUSE_CLI, PAUSE_AFTER_FAILURES)
-#: The pauses `dueledger resume` closes (a schedule stopped in the UI is started there).
-RESUMABLE: Final = (PAUSE_CLI, PAUSE_AFTER_FAILURES)
+#: The pauses `dueledger resume` closes: every kind (the schedule then runs again).
+RESUMABLE: Final = PAUSE_SOURCES
 #: Who pauses a task after its failures (the pause's ``by``; audit operator).
 PAUSED_BY_DUELEDGER: Final = "dueledger"
 #: The audit actions of a pause and a resume.
@@ -171,6 +179,15 @@ def pauses_by_task(ledger: Ledger) -> dict[str, tuple[Pause, ...]]:
     for pause in task_pauses(ledger):
         by_task.setdefault(pause.task_key, []).append(pause)
     return {k: tuple(v) for k, v in by_task.items()}
+
+
+def last_resume(ledger: Ledger, task_key: str) -> datetime | None:
+    """When ``task_key``'s latest pause to end ended (None: none has)."""
+    query = sa.select(sa.func.max(pauses_table.c.resumed_at)).where(
+        pauses_table.c.task_key == task_key
+    )
+    with ledger.connect("autocommit") as conn:
+        return from_db(conn.execute(query).scalar())
 
 
 def schedule_states(ledger: Ledger) -> dict[str, ScheduleState]:
@@ -407,9 +424,9 @@ def resume_task(
     reason: str,
     now: datetime | None = None,
 ) -> list[Pause]:
-    """`dueledger resume`: close ``task_key``'s ``cli`` and ``pause_after_failures`` pauses,
-    audited in the same transaction; Refused (nothing changed) when there is none to close --
-    naming a schedule stopped in the UI, if that is the pause."""
+    """`dueledger resume`: close ``task_key``'s open pauses, whatever opened them (a stop in
+    the UI too: the policy sensor then starts the schedule), audited in the same transaction;
+    Refused (nothing changed) when there is none to close."""
     reason = _checked(reason, "why the task is resumed")
     closed, still_open = close_pauses(
         ledger, task_key, by=operator, reason=reason, sources=RESUMABLE, now=now
@@ -418,12 +435,6 @@ def resume_task(
         return closed
     if not still_open:
         require_task(specs, task_key)  # unknown and never paused: invalid input
-    stopped = [p for p in still_open if p.source == PAUSE_SCHEDULE_STOPPED]
-    if stopped:
-        raise Refused(
-            f"task {task_key!r} is {stopped[0].words()}: start its schedule in the Dagster UI "
-            f"(Automation); nothing changed"
-        )
     raise Refused(f"task {task_key!r} is not paused; nothing changed")
 
 
@@ -523,10 +534,13 @@ def pause_after_failures(
 
 @dataclass(frozen=True)
 class ObservedSchedule:
-    """What Dagster says of a task's schedule now: running or not, and since when."""
+    """What Dagster says of a task's schedule now: running or not, and since when (and the
+    ids Dagster stores its state under, for the sensor to stop or start it)."""
 
     running: bool
     started_at: datetime | None
+    origin_id: str | None = None
+    selector_id: str | None = None
 
 
 def observe_schedule(
@@ -539,9 +553,11 @@ def observe_schedule(
     now: datetime | None = None,
 ) -> list[str]:
     """Record the schedule of ``task_key`` as Dagster reports it now; what changed, in words
-    (empty: nothing). A schedule seen stopped opens a pause (source ``schedule_stopped``, by
-    ``dagster-ui``); seen running again, the pause closes. A start later than the one recorded
-    means it was stopped and started again unseen: that gap is recorded as a closed pause.
+    (empty: nothing). A schedule seen stopped with no pause open opens one (source
+    ``schedule_stopped``, by ``dagster-ui``); seen started again, that pause closes, and so do
+    the task's other pauses opened before the start (the UI's start resumes any pause). A start
+    later than the one recorded means it was stopped and started again unseen: that gap is
+    recorded as a closed pause.
     ``first_started_at`` keeps the earliest start."""
     require_text(task_key, "task_key")
     at = ledger.clock(now)
@@ -571,8 +587,29 @@ def observe_schedule(
             conn.execute(
                 sa.update(schedules).where(schedules.c.task_key == task_key).values(**values)
             )
-        stopped = [p for p in _open(conn, task_key) if p.source == PAUSE_SCHEDULE_STOPPED]
-        if not running and not stopped:
+        open_now = _open(conn, task_key)
+        stopped = [p for p in open_now if p.source == PAUSE_SCHEDULE_STOPPED]
+        restarted = (
+            row is not None
+            and running
+            and started_at is not None
+            and (
+                row["status"] == SCHEDULE_STOPPED
+                or (previous_start is not None and started_at > previous_start)
+            )
+        )
+        if restarted and started_at is not None:
+            # Started in the UI after a pause of another kind: that start resumes it. (Only a
+            # start seen happen: a pause made before the scheduler first ran stays open.)
+            ended = [p for p in open_now if p not in stopped and p.start < started_at]
+            if ended:
+                _close_by_ui_start(conn, ledger, task_key, schedule_name, ended, at)
+                changes.append(
+                    f"schedule {schedule_name} started in Dagster: {len(ended)} pause(s) resumed"
+                )
+        if not running and not open_now:
+            # A fresh stop with no pause to explain it: the UI's toggle. (A stop while
+            # another pause is open is that pause shown: the policy sensor's own stop.)
             _insert(
                 conn,
                 task_key,
@@ -606,6 +643,51 @@ def observe_schedule(
             )
             changes.append(f"schedule {schedule_name} restarted: the gap is a pause")
     return changes
+
+
+def _close_by_ui_start(
+    conn: Connection,
+    ledger: Ledger,
+    task_key: str,
+    schedule_name: str,
+    ended: Sequence[Pause],
+    at: datetime,
+) -> None:
+    reason = f"schedule {schedule_name} started in the Dagster UI"
+    closed = [p for p in ended if p.id is not None and _close(conn, p.id, at, UI_OPERATOR, reason)]
+    if closed:
+        ledger.write_audit(
+            operator=UI_OPERATOR,
+            action=ACTION_TASK_RESUMED,
+            entry_id=None,
+            reason=reason,
+            checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
+            outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {UI_OPERATOR}",
+            now=at,
+            connection=conn,
+        )
+
+
+class ToggleAction(StrEnum):
+    """What the policy sensor does to a task's schedule so the UI's toggle shows its pause."""
+
+    STOP = "stop"
+    START = "start"
+
+
+def toggle_action(
+    mirrored: ScheduleState | None, observed: ObservedSchedule, open_now: Sequence[Pause]
+) -> ToggleAction | None:
+    """The toggle's side of a pause, decided after :func:`sync_schedules` recorded what the UI
+    did: a running schedule with an open pause is stopped; a schedule the ledger has already
+    seen stopped, with no pause left open (`dueledger resume` closed them), is started. None:
+    the toggle already shows the ledger. A schedule seen stopped for the first time opened a
+    pause of its own in :func:`sync_schedules`, so it is never started here."""
+    if observed.running:
+        return ToggleAction.STOP if open_now else None
+    if not open_now and mirrored is not None and mirrored.status == SCHEDULE_STOPPED:
+        return ToggleAction.START
+    return None
 
 
 def sync_schedules(

@@ -1,7 +1,9 @@
 """``ledger_policy_sensor``: the scheduling policies' ledger facts, every 30 s. Pauses
 (``orchestration/pause.py``): each task's schedule state -- the UI's toggle -- mirrored into
-the ledger (since when it runs; a stop is a pause), dues inside a pause written ``skipped``,
-tasks paused after ``pause_after_failures`` consecutive failures (one ``task_paused`` alert).
+the ledger (since when it runs; a stop is a pause, a start resumes), and the toggle made to
+show the ledger's pauses (stopped while one is open, running once none is), dues inside a
+pause written ``skipped``, tasks paused after ``pause_after_failures`` consecutive failures
+(one ``task_paused`` alert).
 Deadlines (``orchestration/deadline.py``): one ``deadline_missed`` alert per due. Overlap
 (``orchestration/overlap.py``): the Dagster pools that hold one run of a ``queue`` task at a
 time. Launches nothing.
@@ -10,7 +12,7 @@ time. Launches nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
@@ -18,13 +20,20 @@ from orchestration.deadline import record_deadline_misses
 from orchestration.overlap import ensure_task_pools
 from orchestration.pause import (
     ObservedSchedule,
+    Pause,
+    ToggleAction,
+    last_resume,
+    observe_schedule,
+    open_pauses,
     pause_after_failures,
     record_paused_dues,
+    schedule_states,
     sync_schedules,
+    toggle_action,
 )
 from orchestration.services.alerts import Alerts
 from orchestration.task_spec import TaskView
-from resources.core.instants import Clock, utc_now
+from resources.core.instants import Clock, iso, utc_now
 from resources.ledger import RunLedger
 from sensors.support import ledger_sensor
 
@@ -42,8 +51,69 @@ def observed_schedules(instance: dg.DagsterInstance) -> dict[str, ObservedSchedu
         stamp = getattr(state.instigator_data, "start_timestamp", None)
         started_at = datetime.fromtimestamp(stamp, UTC) if stamp else None
         running = state.status.value in _RUNNING_STATUSES
-        observed[state.instigator_name] = ObservedSchedule(running, started_at)
+        observed[state.instigator_name] = ObservedSchedule(
+            running, started_at, state.instigator_origin_id, state.selector_id
+        )
     return observed
+
+
+def show_pauses_on_toggles(
+    instance: dg.DagsterInstance,
+    ledger: RunLedger,
+    views: Sequence[TaskView],
+    observed: dict[str, ObservedSchedule],
+    now: datetime,
+) -> list[str]:
+    """Stop the schedule of every task with an open pause and start the schedule of every task
+    whose pauses were all resumed (``toggle_action``); what was done, in words.
+
+    Starting is what the UI's start does to the stored state (RUNNING, with a start time),
+    but with the start time at the resume, not now: Dagster's scheduler fires the ticks after
+    a schedule's start time, so a due that fell between the resume and this tick still runs
+    (late by at most this sensor's interval) instead of being lost. Dagster's public API has
+    no start without the code location's schedule object (which a sensor does not have):
+    the new state is derived from the stored one by its own methods."""
+    done: list[str] = []
+    mirrored = schedule_states(ledger)
+    pauses: dict[str, list[Pause]] = {}
+    for pause in open_pauses(ledger):
+        pauses.setdefault(pause.task_key, []).append(pause)
+    for view in views:
+        key, name = view.spec.key, view.spec.schedule_name
+        state = observed.get(name)
+        if state is None or state.origin_id is None or state.selector_id is None:
+            continue
+        action = toggle_action(mirrored.get(key), state, pauses.get(key, []))
+        if action is ToggleAction.STOP:
+            instance.stop_schedule(state.origin_id, state.selector_id)
+            # Mirrored at once, while the pause is open: this stop is that pause, never one
+            # of the UI's (were the pause resumed before the next tick saw the stop).
+            observe_schedule(ledger, key, name, running=False, started_at=None, now=now)
+            done.append(f"{key}: schedule {name} stopped: {pauses[key][0].words()}")
+        elif action is ToggleAction.START:
+            resumed = last_resume(ledger, key) or now
+            stored = instance.get_instigator_state(state.origin_id, state.selector_id)
+            if stored is None:
+                continue  # forgotten meanwhile: the code's default (running) holds
+            # One second before the resume: a due at the resume's very instant is not paused.
+            since = (resumed - timedelta(seconds=1)).timestamp()
+            # Dagster checkpoints a stopped schedule's last iteration too, and fires only the
+            # ticks after the later of the two: the checkpoint is cleared with the start.
+            data = stored.instigator_data._replace(  # type: ignore[union-attr,call-arg]
+                start_timestamp=since, last_iteration_timestamp=None
+            )
+            running = stored.with_status(type(stored.status).RUNNING).with_data(data)
+            instance.update_instigator_state(running)
+            observe_schedule(
+                ledger,
+                key,
+                name,
+                running=True,
+                started_at=datetime.fromtimestamp(since, UTC),
+                now=now,
+            )
+            done.append(f"{key}: schedule {name} running again since {iso(resumed)}: resumed")
+    return done
 
 
 def build_policy_sensor(
@@ -57,11 +127,12 @@ def build_policy_sensor(
         clock=clock,
         minimum_interval_seconds=minimum_interval_seconds,
         description=(
-            "Records each task schedule's start and stops (a stop in the UI is a pause), each "
-            "due inside a pause as skipped (paused by NAME: REASON), pauses a task after "
-            "pause_after_failures consecutive failures (task_paused alert), raises "
-            "deadline_missed once per due not success by its deadline, and creates the task "
-            "pools; never a run."
+            "Records each task schedule's start and stops (a stop in the UI is a pause, a start "
+            "resumes), stops the schedule of a task paused by `dueledger pause` or its failures "
+            "and starts it again once resumed, records each due inside a pause as skipped "
+            "(paused by NAME: REASON), pauses a task after pause_after_failures consecutive "
+            "failures (task_paused alert), raises deadline_missed once per due not success by "
+            "its deadline, and creates the task pools; never a run."
         ),
     )
     def ledger_policy_sensor(
@@ -70,9 +141,13 @@ def build_policy_sensor(
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         ensure_task_pools(context.instance, views)
         # The UI's toggle first, so a stop is a pause before this tick's dues are recorded.
-        for change in sync_schedules(ledger, views, observed_schedules(context.instance), now):
+        observed = observed_schedules(context.instance)
+        for change in sync_schedules(ledger, views, observed, now):
             context.log.info(change)
         paused = pause_after_failures(ledger, views, now, alerts)
+        # Then the toggle shows the ledger: stopped while paused, running once resumed.
+        for change in show_pauses_on_toggles(context.instance, ledger, views, observed, now):
+            context.log.info(change)
         skipped = record_paused_dues(ledger, views, now)
         missed = record_deadline_misses(ledger, views, now, alerts)
         for pause in paused:

@@ -195,8 +195,9 @@ def _acting(ledger: Any, operator: str | None, action: str, role: str) -> str:
 @json_option
 @handle_errors
 def pause_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> None:
-    """Pause TASK: its schedule's ticks run nothing and each of its dues is recorded skipped
-    (paused by NAME: REASON) until `dueledger resume`. Role retrier; exit 3 when paused."""
+    """Pause TASK: its schedule runs nothing (stopped in Dagster within 30 s: the UI's switch
+    reads off) and each of its dues is recorded skipped (paused by NAME: REASON) until
+    `dueledger resume` or a start in the UI. Role retrier; exit 3 when paused."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.declarations import task_registry
     from orchestration.pause import pause_task
@@ -219,8 +220,9 @@ def pause_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> No
 @json_option
 @handle_errors
 def resume_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> None:
-    """Resume TASK: close its pause (`dueledger pause`, or a pause after failures). A schedule
-    stopped in the Dagster UI is started there. Role retrier; exit 3 when not paused."""
+    """Resume TASK: close its pauses (`dueledger pause`, a pause after failures, a stop in the
+    Dagster UI); its schedule runs again from now on (started in Dagster within 30 s). Role
+    retrier; exit 3 when not paused."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.declarations import task_registry
     from orchestration.pause import resume_task

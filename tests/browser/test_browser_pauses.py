@@ -153,3 +153,48 @@ def test_a_skipped_due_shows_on_the_runs_page_and_in_the_asset_check(
         expect(page.get_by_text(re.compile("paused by alice")).first).to_be_visible()
     finally:
         server.cli("resume", PAUSED, "--reason", "browser test done", "--operator", "alice")
+
+
+def _toggle_shows(page: Page, server: DevServer, schedule: str, running: bool) -> None:
+    """The schedule page, opened again until its switch shows ``running`` (the policy sensor
+    moves it within a tick, 30 s; slower while runs compete)."""
+    deadline = time.monotonic() + SENSOR_WAIT
+    while True:
+        _open_schedule(page, server, schedule)
+        box, _ = _switch(page)
+        if box.is_checked() == running:
+            return
+        assert time.monotonic() < deadline, f"{schedule}: the switch never showed {running}"
+        time.sleep(5)
+
+
+def test_one_pause_from_both_sides_a_cli_pause_turns_the_toggle_off_and_the_ui_resumes_it(
+    page: Page, dagster_dev: DevServer
+) -> None:
+    server, schedule = dagster_dev, f"{TOGGLED}_schedule"
+    _until("no pause of the task left open", lambda: _open_pauses(server, TOGGLED) == 0)
+    try:
+        # `dueledger pause`: the switch on the schedule's page turns off.
+        server.cli("pause", TOGGLED, "--reason", "browser test: cli pause", "--operator", "alice")
+        _toggle_shows(page, server, schedule, running=False)
+        (pause,) = _pauses(server, TOGGLED)
+        assert (pause["by"], pause["source"]) == ("alice", "cli")  # the stop is that pause
+        # A person starts it in the UI: that resumes the CLI's pause, by dagster-ui.
+        box, switch = _switch(page)
+        switch.click()
+        expect(box).to_be_checked()
+        _until("the pause resumed by the UI's start", lambda: _open_pauses(server, TOGGLED) == 0)
+        assert _pauses(server, TOGGLED) == []
+        # Stopped in the UI, resumed from the CLI: the switch turns on again.
+        _open_schedule(page, server, schedule)
+        box, switch = _switch(page)
+        switch.click()
+        expect(box).not_to_be_checked()
+        _until("a pause by dagster-ui", lambda: _open_pauses(server, TOGGLED))
+        server.cli("resume", TOGGLED, "--reason", "browser test: resumed", "--operator", "alice")
+        _toggle_shows(page, server, schedule, running=True)
+        assert _pauses(server, TOGGLED) == []
+    finally:
+        if _open_pauses(server, TOGGLED):
+            server.cli("resume", TOGGLED, "--reason", "browser test done", "--operator", "alice")
+        _toggle_shows(page, server, schedule, running=True)

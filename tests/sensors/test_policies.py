@@ -72,6 +72,15 @@ def _alerts(sink: WebhookSink, kind: str) -> list[dict[str, object]]:
     return [b for b in sink.bodies() if isinstance(b, dict) and b.get("alert") == kind]
 
 
+def _stored_status(world: World) -> str:
+    (state,) = [
+        s
+        for s in world.instance.all_instigator_state()
+        if s.instigator_name == f"{world.task}_schedule"
+    ]
+    return state.status.value
+
+
 def _schedule_said(world: World) -> str:
     (tick, *_) = instigator_ticks(world.ctx, f"{world.task}_schedule", limit=1)
     return " ".join(tick.skip_reason or "" for _ in [0])
@@ -107,7 +116,12 @@ def test_a_paused_task_runs_no_due_and_each_due_is_recorded_skipped(world: World
     views = build_views([DEADLINE], 15, "UTC")
     summary = ledger_summary(ledger, views, world.at(2))  # both slots are over
     assert (summary["paused_24h"], summary["missed_24h"], summary["skipped_24h"]) == (2, 0, 2)
+    # The pause stopped the schedule in Dagster (the policy sensor's tick above); the resume
+    # starts it again from the resume on, at the policy sensor's next tick.
+    assert _stored_status(world) == "STOPPED"
     resume_task(ledger, [DEADLINE], key, operator="bob", reason="done", now=world.at(2))
+    run_sensor_tick(world.ctx, world.at(2) + timedelta(seconds=1))
+    assert _stored_status(world) == "RUNNING"
     assert len(world.tick(2)) == 1  # resumed: the next due runs
 
 
@@ -150,9 +164,12 @@ def test_pause_after_failures_pauses_once_with_one_alert(
     fields = alert["fields"]
     assert isinstance(fields, dict) and fields["task"] == key
     assert fields["entries"] == [e.id for e in reversed(failed) if e]
+    # The pause shows on the UI's toggle: the schedule is stopped, and its due runs nothing.
+    assert _stored_status(world) == "STOPPED"
     assert world.tick(2) == []
-    assert "paused by dueledger: 2 consecutive final failures" in _schedule_said(world)
     resume_task(ledger, [FAILING], key, operator="alice", reason="fixed", now=world.at(2))
+    run_sensor_tick(world.ctx, world.at(2) + timedelta(minutes=1))
+    assert _stored_status(world) == "RUNNING"
     assert len(world.tick(3)) == 1
 
 

@@ -34,7 +34,7 @@ from orchestration.services.accounting import (
 from orchestration.services.summary import ledger_summary
 from orchestration.task_spec import TaskSpec, build_views
 from orchestration.timetable import EverySlots
-from resources.core.due import format_due
+from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import Trigger, dedup_key_for_due
 from resources.core.operators import UI_OPERATOR
 from resources.ledger import RunLedger
@@ -233,3 +233,101 @@ def test_sync_ignores_schedules_the_scheduler_has_not_recorded(ledger: RunLedger
     with dg.instance_for_test() as instance:
         assert sync(instance, ledger, [VIEW], at(13, 0)) == []
     assert schedule_states(ledger) == {}
+
+
+# --- one pause, seen from both sides: the ledger's pauses on the UI's toggle ------------------
+
+
+def _policy_tick(instance: dg.DagsterInstance, ledger: RunLedger, views) -> list[str]:
+    """One evaluation of the real ledger_policy_sensor against this Dagster instance; what it
+    logged (its changes, in words)."""
+    from sensors.policies import build_policy_sensor
+
+    sensor = build_policy_sensor(views)
+    logged: list[str] = []
+    with dg.build_sensor_context(instance=instance, resources={"ledger": ledger}) as context:
+        original = context.log.info
+        context.log.info = lambda msg, *a, **k: (logged.append(str(msg)), original(msg, *a, **k))  # type: ignore[method-assign]
+        sensor(context)
+    return logged
+
+
+SECOND = timedelta(seconds=1)
+
+
+def _due_runs(instance: dg.DagsterInstance, due: datetime) -> list[dg.DagsterRun]:
+    text = format_due(due)
+    return [r for r in instance.get_runs() if r.tags.get("dueledger/due") == text]
+
+
+def _toggle(instance: dg.DagsterInstance, name: str) -> str | None:
+    """The schedule's state as the UI reads it: RUNNING/DECLARED_IN_CODE, STOPPED, or None (no
+    stored state: the code's default, running)."""
+    states = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return states[0].status.value if states else None
+
+
+def test_a_cli_pause_stops_the_schedule_a_resume_starts_it_and_a_ui_start_resumes_a_pause(
+    ledger_url: str, ledger: RunLedger, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestration.pause import open_pauses, pause_task, resume_task
+
+    monkeypatch.setenv("DUELEDGER_DATABASE_URL", ledger_url)
+    target = CodeTarget.from_file(LEDGER_DEFS, attribute="dispatch_defs")
+    spec = _strict()
+    views = build_views([spec], 15, "UTC")
+    name = spec.schedule_name
+    with daemon_instance(temp_dir=tmp_path / "home") as instance:
+        with daemon_workspace(instance, target) as ctx:
+            run_scheduler_tick(ctx, datetime.now(UTC) - timedelta(minutes=5))
+        _policy_tick(instance, ledger, views)  # first seen running
+        assert _toggle(instance, name) == "DECLARED_IN_CODE"
+
+        # `dueledger pause`: the next tick turns the toggle off; the stop is that pause shown,
+        # not a second pause by dagster-ui.
+        pause_task(ledger, [spec], spec.key, operator="alice", reason="maintenance")
+        said = _policy_tick(instance, ledger, views)
+        assert _toggle(instance, name) == "STOPPED"
+        assert any("stopped: paused by alice" in line for line in said), said
+        _policy_tick(instance, ledger, views)  # the stop observed: still the one pause
+        assert [(p.by, p.source) for p in open_pauses(ledger, spec.key)] == [("alice", "cli")]
+
+        # `dueledger resume` just before a due: the toggle runs again, from the resume on, so
+        # the due that fell before this sensor tick still runs (Dagster's scheduler fires the
+        # ticks after a schedule's start time).
+        boundary = floor_to_slot(datetime.now(UTC), 15) + 2 * SLOT
+        resume_task(
+            ledger, [spec], spec.key, operator="alice", reason="done", now=boundary - SECOND
+        )
+        with daemon_workspace(instance, target) as ctx:
+            run_scheduler_tick(ctx, boundary + SECOND)  # still stopped: nothing
+            assert _due_runs(instance, boundary) == []
+            said = _policy_tick(instance, ledger, views)
+            assert _toggle(instance, name) == "RUNNING", said
+            run_scheduler_tick(ctx, boundary + 20 * SECOND)
+            assert len(_due_runs(instance, boundary)) == 1
+        _policy_tick(instance, ledger, views)
+        assert open_pauses(ledger, spec.key) == []
+        assert _toggle(instance, name) == "RUNNING"
+
+        # Paused again, and started in the UI: the start resumes the pause, audited.
+        pause_task(ledger, [spec], spec.key, operator="bob", reason="again")
+        _policy_tick(instance, ledger, views)
+        assert _toggle(instance, name) == "STOPPED"
+        _policy_tick(instance, ledger, views)  # the stop observed
+        start_schedules(instance, target, [name])
+        said = _policy_tick(instance, ledger, views)
+        assert open_pauses(ledger, spec.key) == [], said
+        assert _toggle(instance, name) == "RUNNING"  # left running: nothing is paused
+        (closed,) = [p for p in task_pauses(ledger, spec.key) if p.by == "bob"]
+        assert closed.end is not None
+        audit = ledger.recent_audit(action="task_resumed")
+        assert audit[-1]["operator"] == UI_OPERATOR, audit
+
+        # Stopped in the UI: a pause by dagster-ui, and `dueledger resume` ends it too.
+        stop_schedules(instance, target)
+        _policy_tick(instance, ledger, views)
+        assert [p.source for p in open_pauses(ledger, spec.key)] == ["schedule_stopped"]
+        resume_task(ledger, [spec], spec.key, operator="alice", reason="ui stop was a mistake")
+        _policy_tick(instance, ledger, views)
+        assert _toggle(instance, name) == "RUNNING"
