@@ -20,7 +20,8 @@ Where each part lives:
 - ``model.py`` — ``Entry``, ``ClaimResult``, the errors, time and summary helpers;
 - ``statements.py`` — the prebuilt SQL per dialect;
 - ``engine.py`` — engine creation, connections, the raw-DBAPI hot path on psycopg2, errors;
-- ``migrate.py`` — the Alembic runner and the once-per-process memo;
+- ``migrate.py`` — the Alembic runner; ``memo.py`` — the once-per-process memo of migrated
+  databases;
 - ``store.py`` — configuration and per-process plumbing (fork handling);
 - ``queries.py`` — the read side; ``transitions.py`` — the compare-and-set state changes;
 - ``deliveries.py`` — the alert delivery records (each alert reaches each channel once);

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from resources.core.settings import ENV_DATABASE_URL, mask_url
+from resources.ledger.memo import was_migrated
 from resources.ledger.model import LedgerConfigError, LedgerConflict, LedgerError
 from resources.ledger.statements import Statements, statements_for
 
@@ -240,9 +241,6 @@ class Runtime:
         ):
             return LedgerConflict(f"ledger write conflict in {where}: {detail}")
         if "no such table" in text or ("relation" in text and "does not exist" in text):
-            # migrate imports this module: asked here, at error time, only.
-            from resources.ledger.migrate import was_migrated
-
             if not was_migrated(self.url):
                 return LedgerConfigError(
                     f"the ledger tables are missing in {where} ({detail}): this ledger was "

@@ -13,7 +13,7 @@ command or a script (`dueledger runs list` loads no Dagster), and ``RunLedger``
 
 from __future__ import annotations
 
-import resources.ledger.migrate as migrations
+import resources.ledger.memo as memo
 from resources.ledger.deliveries import LedgerAlertDeliveries
 from resources.ledger.engine import Runtime
 from resources.ledger.queries import LedgerQueries
@@ -48,7 +48,7 @@ class Ledger(
         Safe from many threads (one migrates, the others wait) and after a fork (the child
         checks once for itself). Use :meth:`migrate` to check again unconditionally.
         """
-        migrations.migrate_once(self.url, self.migrate)
+        memo.migrate_once(self.url, self.migrate)
 
 
 class _OpenedLedger(Ledger):

@@ -1,4 +1,4 @@
-"""Ledger schema migrations: the Alembic runner, and running it once per process.
+"""Ledger schema migrations: the Alembic runner (run once per process through ``memo.py``).
 
 ``upgrade`` applies the Alembic revisions in ``resources/ledger/migrations`` up to head. It
 is idempotent and safe when processes race: cheap when the schema is already at head (one
@@ -7,7 +7,7 @@ cross-process lock (PostgreSQL: ``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMED
 a second process waits, then finds the schema at head and does nothing. A database a newer
 dueledger already migrated further (a rolling upgrade) is left as it is: migrations only add.
 
-``migrate_once`` is what resource set-up calls: the first use of a database URL in a process
+``memo.migrate_once`` is what resource set-up calls: the first use of a database URL in a process
 runs ``upgrade``, later uses (every run, every sensor tick) cost a set lookup. The memo is
 per process, not per resource object, because Dagster builds a fresh copy of a resource for
 every run and tick; it is keyed by process id so a forked child checks again for itself.
@@ -16,9 +16,6 @@ every run and tick; it is keyed by process id so a forked child checks again for
 from __future__ import annotations
 
 import functools
-import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -98,42 +95,3 @@ def upgrade(runtime: Runtime) -> None:
                 f"cannot migrate the ledger in {mask_url(runtime.url)}: {exc}; this code knows "
                 f"revisions up to {head!r}: deploy the dueledger version that migrated it"
             ) from exc
-
-
-# (process id, database URL) of every database this process has migrated to head.
-_migrated: set[tuple[int, str]] = set()
-_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    # A fork while another thread held the lock would leave the child's copy held forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
-
-
-def mark_migrated(url: str) -> None:
-    """Remember that this process brought ``url`` to head (after a successful upgrade)."""
-    _migrated.add((os.getpid(), url))
-
-
-def was_migrated(url: str) -> bool:
-    """Whether this process brought ``url`` to head (or found it there)."""
-    return (os.getpid(), url) in _migrated
-
-
-def migrate_once(url: str, migrate: Callable[[], None]) -> None:
-    """Run ``migrate`` unless this process already migrated ``url``; threads wait for the first.
-
-    A failed ``migrate`` is not remembered: the next use tries again.
-    """
-    key = (os.getpid(), url)
-    if key in _migrated:
-        return
-    with _lock:
-        if key in _migrated:
-            return
-        migrate()
-        _migrated.add(key)

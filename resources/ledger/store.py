@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+import resources.ledger.memo as memo
 import resources.ledger.migrate as migrations
 from resources.core.arguments import require_aware
 from resources.core.entry import MAX_LATE_JOB_REJECTIONS, SUMMARY_REJECTIONS, Entry
@@ -98,7 +99,7 @@ class LedgerStore:
         it: resource set-up migrates once per process (``RunLedger.ensure_migrated``).
         """
         migrations.upgrade(self._rt())
-        migrations.mark_migrated(self.url)
+        memo.mark_migrated(self.url)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
