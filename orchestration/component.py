@@ -23,7 +23,6 @@ from pydantic import BaseModel
 from orchestration.declarations import task_registry, task_views
 from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_definitions
-from resources.core.instants import utc_now
 
 
 class DueTaskScaffoldParams(BaseModel):
@@ -129,6 +128,4 @@ class DueTask(dg.Component, dg.Resolvable, dg.Model):
             )
         view = next(v for v in task_views() if v.spec.key == self.key)
         hooks = Hooks.from_environment()
-        return task_definitions(
-            declared, view, hooks=hooks, registered=lambda: registry.tasks, loaded_at=utc_now()
-        )
+        return task_definitions(declared, view, hooks=hooks, registered=lambda: registry.tasks)

@@ -17,7 +17,6 @@ from orchestration.declarations import registered_tasks, task_registry, task_vie
 from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_definitions
 from orchestration.task_spec import TaskSpec
-from resources.core.instants import utc_now
 from resources.core.settings import ENV_DATABASE_URL, ENV_SOURCE_URL, Settings, load_settings
 from resources.ledger import RunLedger
 from resources.notifier import OutboxNotifier
@@ -65,12 +64,9 @@ def build_definitions(
     views = [view for _, view in declared_views]
     # The code location's plugin hooks, built once; listeners load on first use, not here.
     hooks = Hooks.from_environment()
-    loaded_at = utc_now()  # the schedules' metadata lists each task's next dues as of this load
     return dg.Definitions.merge(
         *(
-            task_definitions(
-                declared, view, hooks=hooks, registered=registered_tasks, loaded_at=loaded_at
-            )
+            task_definitions(declared, view, hooks=hooks, registered=registered_tasks)
             for declared, view in declared_views
         ),
         dg.Definitions(

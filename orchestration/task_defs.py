@@ -29,7 +29,7 @@ import inspect
 import time
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -71,9 +71,8 @@ from orchestration.task_spec import (
     partition_key_for,
     task_run_tags,
 )
-from orchestration.timetable import NEXT_DUES_SHOWN, decide_tick
+from orchestration.timetable import decide_tick
 from resources.core import tags as t
-from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 
@@ -585,27 +584,15 @@ class _ContextLog:
         return self._context.log.warning(msg, *args, **kwargs)
 
 
-def next_dues_text(view: TaskView, now: datetime) -> str:
-    """The next :data:`NEXT_DUES_SHOWN` dues after ``now``, as Markdown (the schedule's
-    metadata in the UI; computed when the code location loads, so as of then)."""
-    start = floor_to_slot(now, view.slot_minutes) + timedelta(minutes=view.slot_minutes)
-    lines = [f"Next dues as of {format_due(now)} (`dueledger dues {view.spec.key}` for more):", ""]
-    for item in view.dues(start, count=NEXT_DUES_SHOWN):
-        note = f" -- {item.dst}" if item.dst else ""
-        lines.append(f"- `{format_due(item.due)}` ({item.local}){note}")
-    return "\n".join(lines)
-
-
 def task_schedule(
     view: TaskView,
     job: dg.UnresolvedAssetJobDefinition,
     hooks: Hooks,
-    *,
-    loaded_at: datetime | None = None,
 ) -> dg.ScheduleDefinition:
     """The task's schedule, running by default so `dg dev` really schedules; its requests
-    pass the creation ``hooks``; a paused task's ticks run nothing. ``loaded_at``: the next
-    dues listed in its metadata are those after it (None: not listed)."""
+    pass the creation ``hooks``; a paused task's ticks run nothing. Its next dues are not in
+    its metadata (Dagster would show them as of the code location's load): ``ledger_health``'s
+    table shows each task's next due, fresh every slot, as `dueledger dues` lists it."""
 
     def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         scheduled = context.scheduled_execution_time
@@ -622,8 +609,6 @@ def task_schedule(
         return gate_run_request(request, hooks, log=_ContextLog(context))
 
     metadata: dict[str, Any] = dict(_metadata(view))
-    if loaded_at is not None:
-        metadata["dueledger/next_dues"] = dg.MetadataValue.md(next_dues_text(view, loaded_at))
     crons = view.plan.crons
     return dg.ScheduleDefinition(
         name=view.spec.schedule_name,
@@ -644,7 +629,6 @@ def task_definitions(
     *,
     hooks: Hooks,
     registered: Registered,
-    loaded_at: datetime | None = None,
 ) -> dg.Definitions:
     """A declared task's asset (its body inside the claim path), job and schedule."""
     asset = task_asset(
@@ -655,20 +639,17 @@ def task_definitions(
         **declared.asset_options,
     )
     job = task_job(view)
-    schedule = task_schedule(view, job, hooks, loaded_at=loaded_at)
+    schedule = task_schedule(view, job, hooks)
     return dg.Definitions(assets=[asset], jobs=[job], schedules=[schedule])
 
 
 def task_jobs_and_schedules(
-    views: Sequence[TaskView], *, hooks: Hooks, loaded_at: datetime | None = None
+    views: Sequence[TaskView], *, hooks: Hooks
 ) -> tuple[list[dg.UnresolvedAssetJobDefinition], list[dg.ScheduleDefinition]]:
     """Jobs and schedules for every task; the schedules fire the creation events of
-    ``hooks``, and list the next dues after ``loaded_at``."""
+    ``hooks``."""
     jobs = [task_job(v) for v in views]
-    return jobs, [
-        task_schedule(v, job, hooks, loaded_at=loaded_at)
-        for v, job in zip(views, jobs, strict=True)
-    ]
+    return jobs, [task_schedule(v, job, hooks) for v, job in zip(views, jobs, strict=True)]
 
 
 __all__ = [

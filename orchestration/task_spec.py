@@ -29,7 +29,7 @@ from orchestration.timetable import (
     schedule_plan,
     zone_problem,
 )
-from resources.core.due import Due
+from resources.core.due import Due, floor_to_slot
 from resources.core.errors import InvalidInput
 from resources.core.instants import as_utc
 from resources.core.slots import Cadence, cron_cadence, cron_effective_cadence, is_valid_cron
@@ -219,6 +219,14 @@ class TaskView:
             count=count,
             pauses=pauses,
         )
+
+    def next_dues(
+        self, now: datetime, count: int, pauses: Sequence[Window] = ()
+    ) -> list[ListedDue]:
+        """The ``count`` dues after ``now``'s slot: what `dueledger dues --next` lists and
+        ``ledger_health``'s table shows."""
+        start = floor_to_slot(now, self.slot_minutes) + timedelta(minutes=self.slot_minutes)
+        return self.dues(start, count=count, pauses=pauses)
 
     def as_json(self) -> dict[str, object]:
         s = self.spec

@@ -135,8 +135,7 @@ def dues_cmd(
                 f"--from {start} --to {end}: {exc}; narrow the range or split it"
             ) from None
     else:
-        begin = floor_to_slot(_now(), view.slot_minutes) + timedelta(minutes=view.slot_minutes)
-        listed = view.dues(begin, count=count or DEFAULT_NEXT, pauses=pauses)
+        listed = view.next_dues(_now(), count or DEFAULT_NEXT, pauses)
     open_pauses = [p for p in pauses if p.end is None]
     data: dict[str, Any] = {
         "task_key": view.spec.key,

@@ -13,17 +13,19 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from orchestration.pause import Pause, pauses_by_task
 from orchestration.services import accounting as acc
 from orchestration.services.accounting import account_latest_due, next_step
 from orchestration.task_spec import TaskView
 from resources.core import tags as t
+from resources.core.due import format_due
 from resources.ledger import Ledger
 
 if TYPE_CHECKING:
     import dagster as dg
 
 #: What a person looks at first comes first: the UI shows the table in a narrow column.
-COLUMNS: Final = ("task", "status", "lag", "runs", "latest due", "next")
+COLUMNS: Final = ("task", "status", "lag", "runs", "latest due", "next due", "next")
 #: The check's state in words, where the due has no entry to show the status of.
 _STATE_WORDS: Final = {
     acc.STATE_NO_DUE: "no due yet",
@@ -41,8 +43,10 @@ def latest_due_rows(
     *,
     instance: dg.DagsterInstance | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per task: its latest finished-slot due as the check accounts for it."""
+    """One row per task: its latest finished-slot due as the check accounts for it, and its
+    next due as `dueledger dues --next 1` lists it (with the pause that skips it)."""
     rows = []
+    pauses = pauses_by_task(ledger)
     for view in views:
         account = account_latest_due(view, ledger, now, instance=instance)
         entry = ledger.get(account.entry_id) if account.entry_id is not None else None
@@ -61,10 +65,20 @@ def latest_due_rows(
                 "entry_id": account.entry_id,
                 "lag_seconds": lag,
                 "runs_path": t.entry_runs_path(entry.id) if entry is not None else None,
+                "next_due": _next_due(view, now, pauses.get(view.spec.key, ())),
                 "next": next_step(account.state, view.spec.key, entry),
             }
         )
     return rows
+
+
+def _next_due(view: TaskView, now: datetime, pauses: Sequence[Pause]) -> str:
+    listed = view.next_dues(now, 1, pauses)
+    if not listed:
+        return ""
+    (due,) = listed
+    held = f" (paused by {due.pause.as_json()['by']})" if due.pause is not None else ""
+    return format_due(due.due) + held
 
 
 def _lag(seconds: int | None) -> str:
@@ -96,6 +110,7 @@ def latest_dues_markdown(rows: Sequence[Mapping[str, Any]], as_of: str) -> str:
             _lag(row["lag_seconds"]),
             runs,
             row["due"] or "",
+            row["next_due"],
         ]
         lines.append("| " + " | ".join([*cells, step]) + " |")
     return "\n".join(lines)

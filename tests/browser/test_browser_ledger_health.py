@@ -90,10 +90,14 @@ def test_ledger_health_shows_each_tasks_latest_due_and_links_to_its_runs(
     assert cells[0] == FAILING_TASK
     assert cells[1].endswith(entry["status"]), cells
     assert cells[3] == f"entry {entry['id']}" and cells[4] == story["due"], cells
+    # The next due, as `dueledger dues` lists it (the page is as of its materialization: the
+    # same slot, as the story just made it).
+    (listed,) = dagster_dev.cli("dues", FAILING_TASK, "--next", "1")["dues"]
+    assert cells[5].split(" ")[0] == listed["due"], cells
     if entry["status"] == "success":
-        assert cells[5] == f"dueledger runs show {entry['id']}", cells
+        assert cells[6] == f"dueledger runs show {entry['id']}", cells
     else:  # the failing story may have hidden the tickets table meanwhile
-        assert f"dueledger runs retry {entry['id']}" in cells[5], cells
+        assert f"dueledger runs retry {entry['id']}" in cells[6], cells
 
     row.get_by_role("link", name=f"entry {entry['id']}").click()
     expect(page).to_have_url(

@@ -108,9 +108,8 @@ def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance,
     assert request.tags[t.TAG_TASK]
 
 
-def test_each_schedule_lists_its_next_five_dues_in_its_metadata():
-    # The UI shows a schedule's next dues (as of the code location's load).
-    schedule = defs.resolve_schedule_def("order_cleanup_schedule")
-    text = schedule.metadata["dueledger/next_dues"].value
-    dues = [line for line in text.splitlines() if line.startswith("- `")]
-    assert len(dues) == 5 and "dueledger dues order_cleanup" in text
+def test_no_schedule_carries_a_frozen_list_of_next_dues():
+    # A list computed at the code location's load went stale within a slot and disagreed with
+    # `dueledger dues`; ledger_health's table shows each task's next due, fresh every slot.
+    for schedule in defs.schedules or []:
+        assert "dueledger/next_dues" not in schedule.metadata, schedule.name

@@ -57,11 +57,11 @@ def test_a_failed_latest_due_is_a_failing_row_with_its_runs_link_and_the_retry_t
     assert f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT`" in row["next"]
     assert "--acknowledge-side-effects" not in row["next"]
     page = latest_dues_markdown([row], "2026-11-30T23:05:00Z")
-    assert "| task | status | lag | runs | latest due | next |" in page
+    assert "| task | status | lag | runs | latest due | next due | next |" in page
     assert (
         f"| strict_task | **FAILING** failed | 1 min 15 s | "
         f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id}) | "
-        f"2026-11-30T22:45:00Z | "
+        f"2026-11-30T22:45:00Z | 2026-11-30T23:15:00Z | "
     ) in page
     # The check's description names the same next step.
     account = acc.account_latest_due(views()[0], ledger, NOW)
@@ -101,3 +101,17 @@ def test_success_and_missed_rows_say_what_to_look_at(ledger):
     assert "**FAILING**" not in page and "| 0 s |" in page
     late = latest_dues_markdown([{**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58}], "x")
     assert "| 13 h 21 min |" in late
+
+
+def test_the_next_due_is_the_one_dueledger_dues_lists_with_the_pause_that_holds_it(ledger):
+    from orchestration.pause import pause_task
+
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert row["next_due"] == "2026-11-30T23:15:00Z"  # the slot after now's (23:00)
+    spec = views()[0].spec
+    pause_task(ledger, [spec], spec.key, operator="alice", reason="db work", now=NOW)
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert row["next_due"] == "2026-11-30T23:15:00Z (paused by alice)"
+    # A later page (each materialization, every slot) shows the due after that one.
+    (row,) = latest_due_rows(ledger, views(), NOW + SLOT)
+    assert row["next_due"].startswith("2026-11-30T23:30:00Z")
