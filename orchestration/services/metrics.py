@@ -22,7 +22,7 @@ from orchestration.services.summary import SUMMARY_WINDOW, all_entries, attentio
 from orchestration.task_spec import TaskView
 from resources.core import metric_model as m
 from resources.core.due import floor_to_slot
-from resources.core.entry import Entry, Status
+from resources.core.entry import Entry, Status, Trigger
 from resources.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -96,6 +96,16 @@ def _attention(ledger: Ledger, now: datetime, since: datetime) -> list[m.Attenti
         )
     }
     for entry in all_entries(ledger, statuses=[Status.RUNNING]):
+        candidates.setdefault(entry.id, entry)
+    # The successful manual retries of the same span: a failed entry one of them made good
+    # needs nothing more (``summary`` sees them among all its entries; without them here the
+    # page listed an entry `summary` and ``ledger_health`` did not).
+    for entry in all_entries(
+        ledger,
+        statuses=[Status.SUCCESS],
+        trigger=Trigger.MANUAL_RETRY,
+        since=since - _ATTENTION_LOOKBACK,
+    ):
         candidates.setdefault(entry.id, entry)
     by_task: dict[str, list[Entry]] = {}
     for entry in candidates.values():

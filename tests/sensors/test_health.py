@@ -384,3 +384,24 @@ def test_inside_a_slot_ledger_health_settling_reports_the_ledger_checks_again(le
     settled = _tick(ledger, views, at(22, 17), start.cursor)
     names = sorted(e.check_name for e in settled.asset_events or [])
     assert names == sorted([CHECK_NAME, *LEDGER_CHECK_NAMES])
+
+
+def test_summary_and_the_metrics_page_list_the_same_entries_as_needing_attention(ledger):
+    # Regression: a failed entry a manual retry made good was gone from `summary` but still
+    # on the metrics page (its scrape read failed and running entries only, not the retry).
+    from orchestration.services.metrics import scrape
+
+    build_ledger(ledger)
+    (failed,) = [
+        e for e in ledger.list_entries(task_key="strict_task")[0] if e.error == "RuntimeError: boom"
+    ]
+    child = ledger.find("strict_task", dedup_key_for_retry(failed.id))
+    assert child is not None
+    ledger.claim(child.id, "run-retry", lease_ttl=TTL, now=at(22, 1))
+    assert ledger.succeed(child.id, "run-retry", now=at(22, 2))
+
+    summary = ledger_summary(ledger, views(), NOW)
+    metrics = scrape(ledger, views(), NOW)
+    listed = sorted(r["entry_id"] for r in summary["attention"])
+    assert failed.id not in listed
+    assert sorted(a.entry_id for a in metrics.attention) == listed
