@@ -120,6 +120,13 @@ def evaluate_retry(
                 ""
                 if parent.status in RETRYABLE_STATUSES
                 else "; only a failed (or, acknowledged, dispatch_failed) entry can be retried"
+                + (
+                    # What a person who wants the work done again does instead.
+                    ": to run the task again, use Materialize on its asset in the Catalog or "
+                    "the launchpad of its job (a manual launch, a new entry)"
+                    if parent.status == Status.SUCCESS
+                    else ""
+                )
             ),
         )
     )

@@ -13,6 +13,7 @@ A UI launch carries no dueledger tags; it must become a manual ledger entry by o
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -76,6 +77,8 @@ def test_reexecuting_a_successful_run_is_refused_without_a_second_side_effect(
     ]
     assert refusals, f"no refused audit record for {run_id}: {after['audit']}"
     assert refusals[-1]["operator"] == "dagster-ui", refusals[-1]
+    # The refusal says what a person does instead to run the task again.
+    assert "use Materialize on its asset in the Catalog" in json.dumps(after), after
     # No side effect besides what scheduled runs (dedup key due:...) did meanwhile.
     new_rows = {
         k: v

@@ -334,6 +334,9 @@ def test_every_refusal_names_its_rule_changes_nothing_and_is_audited(
     assert (new[0]["operator"], new[0]["child_entry_id"]) == (case.operator, None)
     refusing = [c for c in new[0]["checks"] if not c["passed"]]
     assert refusing[0]["check"] == case.rule
+    # A success is not retried; the refusal says how to run the task again instead.
+    advice = "use Materialize on its asset in the Catalog or the launchpad of its job"
+    assert (advice in new[0]["outcome"]) is (parent.status == Status.SUCCESS)
 
 
 def test_an_unknown_entry_is_invalid_input_and_audited(ledger: RunLedger) -> None:
