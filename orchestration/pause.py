@@ -380,6 +380,36 @@ def pause_task(
     return pause
 
 
+def _close_audited(
+    conn: Connection,
+    ledger: Ledger,
+    task_key: str,
+    pauses: Sequence[Pause],
+    at: datetime,
+    by: str,
+    reason: str,
+) -> list[Pause]:
+    """Close ``pauses`` in ``conn``'s transaction with one ``task_resumed`` audit record for
+    those this call closed (one another process closed first is not counted)."""
+    closed = [
+        replace(p, end=at)
+        for p in pauses
+        if p.id is not None and _close(conn, p.id, at, by, reason)
+    ]
+    if closed:
+        ledger.write_audit(
+            operator=by,
+            action=ACTION_TASK_RESUMED,
+            entry_id=None,
+            reason=reason,
+            checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
+            outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {by}",
+            now=at,
+            connection=conn,
+        )
+    return closed
+
+
 def close_pauses(
     ledger: Ledger,
     task_key: str,
@@ -395,22 +425,8 @@ def close_pauses(
     at = ledger.clock(now)
     with ledger.transaction() as conn:
         open_now = _open(conn, task_key)
-        closed = [
-            replace(p, end=at)
-            for p in open_now
-            if p.source in sources and p.id is not None and _close(conn, p.id, at, by, reason)
-        ]
-        if closed:
-            ledger.write_audit(
-                operator=by,
-                action=ACTION_TASK_RESUMED,
-                entry_id=None,
-                reason=reason,
-                checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
-                outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {by}",
-                now=at,
-                connection=conn,
-            )
+        chosen = [p for p in open_now if p.source in sources]
+        closed = _close_audited(conn, ledger, task_key, chosen, at, by, reason)
     closed_ids = {p.id for p in closed}
     return closed, [p for p in open_now if p.id not in closed_ids]
 
@@ -603,7 +619,8 @@ def observe_schedule(
             # start seen happen: a pause made before the scheduler first ran stays open.)
             ended = [p for p in open_now if p not in stopped and p.start < started_at]
             if ended:
-                _close_by_ui_start(conn, ledger, task_key, schedule_name, ended, at)
+                why = f"schedule {schedule_name} started in the Dagster UI"
+                _close_audited(conn, ledger, task_key, ended, at, UI_OPERATOR, why)
                 changes.append(
                     f"schedule {schedule_name} started in Dagster: {len(ended)} pause(s) resumed"
                 )
@@ -643,29 +660,6 @@ def observe_schedule(
             )
             changes.append(f"schedule {schedule_name} restarted: the gap is a pause")
     return changes
-
-
-def _close_by_ui_start(
-    conn: Connection,
-    ledger: Ledger,
-    task_key: str,
-    schedule_name: str,
-    ended: Sequence[Pause],
-    at: datetime,
-) -> None:
-    reason = f"schedule {schedule_name} started in the Dagster UI"
-    closed = [p for p in ended if p.id is not None and _close(conn, p.id, at, UI_OPERATOR, reason)]
-    if closed:
-        ledger.write_audit(
-            operator=UI_OPERATOR,
-            action=ACTION_TASK_RESUMED,
-            entry_id=None,
-            reason=reason,
-            checks={"task_key": task_key, "pause_ids": [p.id for p in closed]},
-            outcome=f"resumed: {task_key} ({len(closed)} pause(s) closed) by {UI_OPERATOR}",
-            now=at,
-            connection=conn,
-        )
 
 
 class ToggleAction(StrEnum):

@@ -91,7 +91,11 @@ def show_pauses_on_toggles(
             observe_schedule(ledger, key, name, running=False, started_at=None, now=now)
             done.append(f"{key}: schedule {name} stopped: {pauses[key][0].words()}")
         elif action is ToggleAction.START:
-            resumed = last_resume(ledger, key) or now
+            # From the resume, but no further back than a slot: a due older than that is the
+            # missed-slot policy's to judge, not the scheduler's to fire late.
+            resumed = max(
+                last_resume(ledger, key) or now, now - timedelta(minutes=view.slot_minutes)
+            )
             stored = instance.get_instigator_state(state.origin_id, state.selector_id)
             if stored is None:
                 continue  # forgotten meanwhile: the code's default (running) holds

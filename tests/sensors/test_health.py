@@ -195,7 +195,7 @@ def test_the_ledger_health_asset_reports_the_summary_as_metadata(ledger_url: str
     # The table a person reads first comes first: each task's latest due.
     assert next(iter(metadata)) == "latest_dues"
     latest = metadata["latest_dues"].value
-    assert "| task | status | lag | runs | latest due | next |" in latest
+    assert "| task | status | lag | runs | latest due | next due | next |" in latest
     assert "| order_cleanup | no run yet |" in latest
     entry = RunLedger(database_url=ledger_url).find("ledger_health", f"due:{due}")
     assert entry is not None and entry.status == Status.SUCCESS
