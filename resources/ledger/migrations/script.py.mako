@@ -27,4 +27,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise RuntimeError("ledger migrations are add-only; downgrade is refused (DESIGN rule 6)")
+    raise RuntimeError("ledger migrations are add-only; downgrade is refused (ledger rule 6, docs/contract.md)")
