@@ -338,15 +338,6 @@ def _report_settled_since(
     settled = {
         e.task_key for e in ledger.entries_updated_since(since) if e.status != Status.RUNNING
     }
-    cursor = json.dumps(
-        {
-            "slot": format_due(slot),
-            "at": iso(previous.at or now, micro=True),
-            "tasks": previous.tasks,
-            "unsettled": None if previous.unsettled is None else sorted(previous.unsettled),
-            "seen": iso(now, micro=True),
-        }
-    )
     accounts = [
         account_latest_due(v, ledger, now, instance=context.instance)
         for v in views
@@ -356,16 +347,26 @@ def _report_settled_since(
     health = ledger_health_view(views)
     if health is not None and health.spec.key in settled:
         checks += ledger_check_evaluations(ledger, context.instance, views, now)
+    unsettled = None
+    if previous.unsettled is not None:
+        unsettled = sorted(
+            (previous.unsettled - settled)
+            | {a.task_key for a in accounts if a.state not in SETTLED_STATES}
+        )
+    cursor = json.dumps(
+        {
+            "slot": format_due(slot),
+            "at": iso(previous.at or now, micro=True),
+            "tasks": previous.tasks,
+            "unsettled": unsettled,
+            "seen": iso(now, micro=True),
+        }
+    )
     if not checks:
         return dg.SensorResult(
             skip_reason=f"slot {format_due(slot)} already evaluated; no entry settled since",
             cursor=cursor,
         )
-    if previous.unsettled is not None:
-        still = (previous.unsettled - settled) | {
-            a.task_key for a in accounts if a.state not in SETTLED_STATES
-        }
-        cursor = json.dumps({**json.loads(cursor), "unsettled": sorted(still)})
     return dg.SensorResult(
         skip_reason=(
             f"slot {format_due(slot)} already evaluated; checks of {len(accounts)} task(s) "
