@@ -28,25 +28,40 @@ its run is finished by running it again (``relaunch``). A task declared with
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import sqlalchemy as sa
+
+from orchestration.missed_dues import run_dues
 from orchestration.pause import pause_at, task_pauses
 from orchestration.retry import retry_entry
-from orchestration.services.launch import Launcher, LaunchFailed, launch_runs
+from orchestration.services.launch import (
+    LAUNCH_TIMEOUT_SECONDS,
+    Launcher,
+    LaunchFailed,
+    launch_runs,
+)
 from orchestration.task_spec import TaskSpec, TaskView, task_run_tags
 from orchestration.timetable import plan_dues
 from resources.core import tags as t
 from resources.core.due import Due, format_due
 from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.core.errors import InvalidInput, Refused
+from resources.core.instants import iso
 from resources.core.operators import Operators
 from resources.ledger import Ledger
+from resources.ledger.model import from_db, to_db
+from resources.ledger.schema import launch_claims
 
 if TYPE_CHECKING:
     import dagster as dg
+    from sqlalchemy.engine import Connection
 
 #: Most dues one catch-up may hold (each becomes a run): split a longer range.
 MAX_CATCH_UP_DUES: Final = 1000
@@ -61,6 +76,7 @@ LAUNCH: Final = "launch"  # a new due:<due> entry and its run
 RELAUNCH: Final = "relaunch"  # a catch-up entry whose run was never created (a crash between)
 RETRY: Final = "retry"  # a manual-retry child of the failed entry
 LEAVE: Final = "none"
+HELD: Final = "held"  # another catch-up holds its launch: it launches it, not this one
 
 
 @dataclass(frozen=True)
@@ -206,8 +222,134 @@ class CatchUpResult:
             "dues": [s.as_json() for s in self.steps],
             "launched": counts[LAUNCH] + sum(1 for s in self.steps if s.action == RELAUNCH),
             "retried": counts[RETRY],
+            "held_elsewhere": sum(1 for s in self.steps if s.action == HELD),
             "unchanged": sum(1 for s in self.steps if s.action == LEAVE),
         }
+
+
+#: How long an unsubmitted launch claim holds against another host's catch-up: its launcher
+#: is killed after LAUNCH_TIMEOUT_SECONDS and dies with its CLI, so past this nothing of that
+#: claim can still create a run. A claim of a process of this host that is gone is free at once.
+LAUNCH_CLAIM_TTL: Final = timedelta(seconds=LAUNCH_TIMEOUT_SECONDS + 60)
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``host:pid:start`` of a process (this one by default): ``start`` is its start time in
+    clock ticks since boot, so a pid the kernel reused names another process."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+
+
+def _start_ticks(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    # Field 22 (starttime), counted after the command name, which may hold spaces.
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def holder_gone(claimed_by: str) -> bool:
+    """The process that took a claim is known to be gone: it ran on this host and its pid is
+    unused or names a process started at another time. False when that cannot be known
+    (another host, no /proc): then only :data:`LAUNCH_CLAIM_TTL` frees the claim."""
+    try:
+        host, pid_text, start = claimed_by.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname() or start == "?" or not Path("/proc/self/stat").exists():
+        return False
+    return _start_ticks(pid) != start
+
+
+@dataclass(frozen=True)
+class LaunchClaim:
+    """Which catch-up may submit an entry's run (a row of ``dueledger_launch_claims``)."""
+
+    entry_id: int
+    claimed_by: str
+    claimed_at: datetime
+    run_id: str | None
+    submitted_at: datetime | None
+
+    def free(self, now: datetime) -> bool:
+        """Another catch-up may take it over: never submitted, and its holder cannot submit
+        any more (gone, or past :data:`LAUNCH_CLAIM_TTL`)."""
+        if self.submitted_at is not None:
+            return False
+        return self.claimed_at + LAUNCH_CLAIM_TTL <= now or holder_gone(self.claimed_by)
+
+    def words(self) -> str:
+        if self.submitted_at is not None:
+            return f"submitted as run {self.run_id} at {iso(self.submitted_at)}"
+        holder = f"{self.claimed_by}, since {iso(self.claimed_at)}"
+        return f"being launched by another catch-up ({holder}): it launches this due"
+
+
+def _claim_row(conn: Connection, entry_id: int) -> LaunchClaim | None:
+    row = (
+        conn.execute(sa.select(launch_claims).where(launch_claims.c.entry_id == entry_id))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    claimed_at = from_db(row["claimed_at"])
+    assert claimed_at is not None  # NOT NULL
+    return LaunchClaim(
+        entry_id=row["entry_id"],
+        claimed_by=row["claimed_by"],
+        claimed_at=claimed_at,
+        run_id=row["run_id"],
+        submitted_at=from_db(row["submitted_at"]),
+    )
+
+
+def take_launch_claim(
+    conn: Connection, entry_id: int, me: str, now: datetime
+) -> tuple[bool, LaunchClaim | None]:
+    """Claim the submission of ``entry_id``'s run for ``me`` in ``conn``'s transaction: the
+    first claim is an insert the database lets one process win; a free claim (see
+    :meth:`LaunchClaim.free`) is taken over by a compare-and-set on its holder. Returns
+    whether ``me`` holds it and, when it was taken over or lost, the claim found."""
+    at = to_db(now, "now")
+    inserted = conn.execute(
+        _insert_for(conn.dialect.name)(launch_claims)
+        .values(entry_id=entry_id, claimed_by=me, claimed_at=at)
+        .on_conflict_do_nothing(index_elements=["entry_id"])
+    )
+    if inserted.rowcount == 1:
+        return True, None
+    found = _claim_row(conn, entry_id)
+    if found is None or not found.free(now):
+        return False, found
+    taken = conn.execute(
+        sa.update(launch_claims)
+        .where(
+            launch_claims.c.entry_id == entry_id,
+            launch_claims.c.claimed_by == found.claimed_by,
+            launch_claims.c.submitted_at.is_(None),
+        )
+        .values(claimed_by=me, claimed_at=at)
+    )
+    return taken.rowcount == 1, found
+
+
+def _insert_for(dialect: str) -> Any:
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+def record_submitted(ledger: Ledger, entry_id: int, me: str, run_id: str) -> None:
+    """Dagster accepted ``run_id`` for ``entry_id``'s claim held by ``me``."""
+    with ledger.transaction() as conn:
+        conn.execute(
+            sa.update(launch_claims)
+            .where(launch_claims.c.entry_id == entry_id, launch_claims.c.claimed_by == me)
+            .values(run_id=run_id, submitted_at=to_db(ledger.clock(None), "now"))
+        )
 
 
 def run_catch_up(
@@ -223,14 +365,18 @@ def run_catch_up(
     launcher: Launcher,
 ) -> list[CatchUpStep]:
     """Carry out ``steps`` (see the module docstring); returns them as done, each with its
-    entry and run (a step that could not be done says why and becomes ``none``)."""
+    entry and run (a step that could not be done says why and becomes ``none``; a due whose
+    launch another catch-up holds becomes ``held``)."""
     spec = view.spec
+    me = process_identity()
     done: list[CatchUpStep] = []
     to_launch: list[tuple[int, CatchUpStep]] = []
+    taken_over: dict[int, datetime] = {}  # index in done -> when the earlier claim was taken
     for step in steps:
         if step.action in (LAUNCH, RELAUNCH):
-            # The entry and its audit record in one transaction: a catch-up killed at any
-            # instant leaves both or neither.
+            # The entry, its launch claim and its audit record in one transaction: a
+            # catch-up killed at any instant leaves all three or none, and of two catch-ups
+            # of one due the database lets one hold its launch.
             with ledger.transaction() as conn:
                 entry = ledger.ensure_entry(
                     task_key=spec.key,
@@ -243,7 +389,10 @@ def run_catch_up(
                     connection=conn,
                 )
                 ours = entry.trigger == Trigger.MANUAL and entry.status == Status.QUEUED
-                if ours and not entry.run_ids and step.action == LAUNCH:
+                held, found = (False, None)
+                if ours and not entry.run_ids:
+                    held, found = take_launch_claim(conn, entry.id, me, ledger.clock(None))
+                if held and found is None and step.action == LAUNCH:
                     ledger.write_audit(
                         operator=operator,
                         action=ACTION_CATCH_UP,
@@ -257,6 +406,12 @@ def run_catch_up(
                 note = f"got entry {entry.id} ({entry.status}) meanwhile: left alone"
                 done.append(replace(step, action=LEAVE, entry_id=entry.id, note=note))
                 continue
+            if not held:
+                note = found.words() if found is not None else "another catch-up holds it"
+                done.append(replace(step, action=HELD, entry_id=entry.id, note=note))
+                continue
+            if found is not None:
+                taken_over[len(done)] = found.claimed_at
             to_launch.append((len(done), replace(step, entry_id=entry.id)))
             done.append(replace(step, entry_id=entry.id))
         elif step.action == RETRY and step.entry_id is not None:
@@ -265,6 +420,15 @@ def run_catch_up(
             )
         else:
             done.append(step)
+    if taken_over:
+        # A claim taken over from a holder that can no longer submit: whatever it submitted
+        # is in Dagster by now, so a due with a run there is not launched again.
+        with_runs = run_dues(instance, spec.key, min(taken_over.values()) - timedelta(minutes=1))
+        for index in taken_over:
+            if done[index].due in with_runs:
+                note = "its run was submitted by an earlier catch-up: left alone"
+                done[index] = replace(done[index], action=LEAVE, note=note)
+        to_launch = [(i, s) for i, s in to_launch if done[i].action != LEAVE]
     if to_launch:
         tag_sets = [catch_up_tags(spec, s.due, operator, reason) for _, s in to_launch]
         try:
@@ -277,6 +441,7 @@ def run_catch_up(
                 ledger.record_dispatch_failure(step.entry_id, error=str(outcome))
                 done[index] = replace(step, note=f"launch failed: {outcome}")
             else:
+                record_submitted(ledger, step.entry_id, me, outcome)
                 done[index] = replace(step, run_id=outcome)
     return done
 

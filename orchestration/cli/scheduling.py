@@ -13,6 +13,7 @@ audited), then the ledger. Every command takes ``--json``.
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -321,13 +322,26 @@ def catch_up_cmd(
             launcher=DagsterCliLauncher(),
         )
     result = CatchUpResult(view.spec.key, low, high, only, dry_run, steps).as_json()
+    lost = None
+    if result["held_elsewhere"] and not (result["launched"] or result["retried"]):
+        # Another catch-up won every due this one would have launched: it lost the race.
+        lost = (
+            f"another catch-up is launching the {result['held_elsewhere']} dues of "
+            f"{view.spec.key} this one would have launched; nothing was launched here"
+        )
     if as_json:
-        print_json(result)
-        return
-    verb = "would" if dry_run else "did"
-    click.echo(
-        f"catch-up of {view.spec.key} from {format_due(low)} to {format_due(high)} ({verb}): "
-        f"{result['launched']} launched, {result['retried']} retried, "
-        f"{result['unchanged']} left as they are"
-    )
-    click.echo(table(result["dues"], ["due", "status", "action", "entry_id", "run_id", "note"]))
+        print_json({**result, "error": lost} if lost else result)
+    else:
+        verb = "would" if dry_run else "did"
+        held = f", {result['held_elsewhere']} held by another catch-up" * bool(
+            result["held_elsewhere"]
+        )
+        click.echo(
+            f"catch-up of {view.spec.key} from {format_due(low)} to {format_due(high)} ({verb}): "
+            f"{result['launched']} launched, {result['retried']} retried{held}, "
+            f"{result['unchanged']} left as they are"
+        )
+        click.echo(table(result["dues"], ["due", "status", "action", "entry_id", "run_id", "note"]))
+    if lost:
+        click.echo(f"error: {lost}", err=True)
+        sys.exit(3)

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -143,14 +144,35 @@ def dagster_command(script: str, args: list[str]) -> tuple[list[str], str]:
     return [sys.executable, "-c", STDIN_DRIVER], json.dumps([script, *args])
 
 
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """What the launcher child runs before Dagster's command: on Linux, ask the kernel to
+    SIGKILL it when the process that started it dies (``PR_SET_PDEATHSIG``), so a dueledger
+    command killed halfway leaves no launcher submitting runs behind it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    # Looked up here, not in the child: between fork and exec the child only calls it.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the request was armed
+            os._exit(1)
+
+    return arm
+
+
 def _run_dagster_cli(script: str, args: list[str], what: str) -> subprocess.CompletedProcess[str]:
     """Run Dagster's console script ``script`` with ``args`` on stdin; any way it fails
-    raises LaunchFailed naming ``what``."""
+    raises LaunchFailed naming ``what``. The child dies with this process."""
     cmd, stdin = dagster_command(script, args)
     try:
         proc = subprocess.run(
             cmd,
             input=stdin,
+            preexec_fn=_die_with_parent(os.getpid()),
             cwd=PROJECT_ROOT,
             env=dict(os.environ),
             capture_output=True,

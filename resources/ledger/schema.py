@@ -27,6 +27,7 @@ ALERT_DELIVERIES_TABLE: Final = "dueledger_alert_deliveries"
 SCHEDULES_TABLE: Final = "dueledger_schedules"
 PAUSES_TABLE: Final = "dueledger_pauses"
 TASK_LOCKS_TABLE: Final = "dueledger_task_locks"
+LAUNCH_CLAIMS_TABLE: Final = "dueledger_launch_claims"
 #: Alembic's version table for the ledger. Not ``alembic_version``: the ledger may live in the
 #: same PostgreSQL database as Dagster's own storage, which has its own Alembic history there.
 VERSION_TABLE: Final = "dueledger_alembic_version"
@@ -246,4 +247,17 @@ task_locks = sa.Table(
     sa.Column("waiting_run_id", sa.String(255), nullable=True),
     sa.Column("waiting_until", sa.DateTime(), nullable=True),
     sa.Column("updated_at", sa.DateTime(), nullable=False),
+)
+
+# Migration 0009: the catch-up that may submit a catch-up entry's run, claimed in the
+# transaction that creates the entry; run_id and submitted_at once Dagster accepted the run
+# (orchestration/catch_up.py).
+launch_claims = sa.Table(
+    LAUNCH_CLAIMS_TABLE,
+    metadata,
+    sa.Column("entry_id", ID_TYPE, primary_key=True),
+    sa.Column("claimed_by", sa.String(300), nullable=False),
+    sa.Column("claimed_at", sa.DateTime(), nullable=False),
+    sa.Column("run_id", sa.String(255), nullable=True),
+    sa.Column("submitted_at", sa.DateTime(), nullable=True),
 )

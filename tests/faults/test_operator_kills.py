@@ -26,6 +26,7 @@ import pytest
 from cli_process import DUELEDGER, PROJECT_ROOT, base_env
 
 from orchestration.pause import PAUSE_CLI, task_pauses
+from resources.core.due import format_due
 from resources.core.entry import Trigger
 from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger
@@ -121,3 +122,90 @@ def test_a_killed_catch_up_leaves_every_entry_it_made_with_its_audit(
         audited = [a["entry_id"] for a in _audits(ledger, "catch_up")]
         assert sorted(audited) == sorted(e.id for e in entries)
     assert killed > 0, "no catch-up was killed: the delays were all longer than the commands"
+    # Run to its end, the catch-up finishes what the killed ones left, never a due twice.
+    assert _killed(args, env, 600) == 0
+    runs = _catch_up_runs(env)
+    assert runs and all(count == 1 for count in runs.values()), runs
+    assert len(runs) == len(_dues_between(start, end))
+
+
+def _dues_between(start: datetime, end: datetime) -> list[datetime]:
+    from orchestration.declarations import task_views
+    from orchestration.timetable import plan_dues
+
+    (view,) = [v for v in task_views() if v.spec.key == TASK]
+    return plan_dues(view.plan, view.slot_minutes, start, end)
+
+
+def _catch_up_runs(env: dict[str, str]) -> dict[str, int]:
+    """Dagster runs per due of the task's manual (catch-up) runs."""
+    import dagster as dg
+
+    from resources.core import tags as t
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+        with dg.DagsterInstance.get() as instance:
+            runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
+    counts: dict[str, int] = {}
+    for run in runs:
+        if run.tags.get(t.TAG_TRIGGER) == Trigger.MANUAL:
+            counts[run.tags[t.TAG_DUE]] = counts.get(run.tags[t.TAG_DUE], 0) + 1
+    return counts
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def test_a_catch_up_killed_while_launching_leaves_no_launcher_and_no_due_twice(
+    env: dict[str, str], ledger: RunLedger
+) -> None:
+    # Killed with kill -9 (the command alone, not its group), a catch-up's Dagster launcher
+    # once went on launching; running the catch-up again then launched 190 more runs for
+    # 196 dues.
+    end = datetime.now(UTC).replace(second=0, microsecond=0)
+    start = end - timedelta(hours=24)  # 96 dues: their launch outlasts the wait below
+    args = ["catch-up", TASK, "--from", start.isoformat(), "--to", end.isoformat()]
+    args += ["--only", "missed", "--operator", "alice", "--reason", "kill test"]
+    proc = subprocess.Popen(
+        [str(DUELEDGER), *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    launchers: list[int] = []
+    while not launchers and proc.poll() is None:
+        assert time.monotonic() < deadline, "the catch-up never started its launcher"
+        launchers = _children(proc.pid)
+        time.sleep(0.05)
+    assert launchers, "the catch-up ended before it was killed"
+    time.sleep(0.5)  # into the launcher's work
+    proc.kill()
+    proc.wait(timeout=30)
+    # Killed with it, the launcher is gone at once; left alive it would work on for seconds.
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in launchers):
+        assert time.monotonic() < deadline, f"launcher {launchers} outlived its catch-up"
+        time.sleep(0.1)
+    assert _killed(args, env, 600) == 0  # run again at once: the killed one's claims are free
+    runs = _catch_up_runs(env)
+    assert runs == {format_due(d): 1 for d in _dues_between(start, end)}

@@ -283,3 +283,48 @@ def test_threads_racing_pause_and_resume_still_have_one_winner_each(box: Box) ->
             ledger.dispose()
     assert len(box.ledger.recent_audit(action="task_paused")) == THREAD_ROUNDS
     assert len(box.ledger.recent_audit(action="task_resumed")) == THREAD_ROUNDS
+
+
+def _manual_runs_per_due(box: Box, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    monkeypatch.setenv("DAGSTER_HOME", box.env["DAGSTER_HOME"])
+    with dg.DagsterInstance.get() as instance:
+        runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
+    counts: dict[str, int] = {}
+    for run in runs:
+        if run.tags.get(t.TAG_TRIGGER) == Trigger.MANUAL:
+            due = run.tags[t.TAG_DUE]
+            counts[due] = counts.get(due, 0) + 1
+    return counts
+
+
+def test_overlapping_catch_ups_launch_one_dagster_run_per_due(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two catch-ups of overlapping ranges once each launched their own run of the same dues
+    # (20 runs for 12 dues): each run took the task's pool slot only to be refused.
+    start = floor_to_slot(datetime.now(UTC), 15) - 12 * SLOT
+    dues = [Due(start + i * SLOT) for i in range(12)]
+    ranges = [(dues[0], dues[7]), (dues[4], dues[11])] * 2  # [from, to] inclusive
+    who = ("--operator", "alice", "--reason", "race")
+
+    def catch_up(span: tuple[Due, Due]) -> Ran:
+        low, high = span
+        return box.run(
+            "catch-up", TASK, "--from", low.text, "--to", (high.at + SLOT).isoformat(), *who,
+            "--only", "missed", "--json",
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(len(ranges)) as pool:
+        ran = list(pool.map(catch_up, ranges))
+    for r in ran:
+        assert r.code in (0, 3), r.output[-2000:]
+        json.loads(r.out)  # one JSON document, a refusal included
+    launched = [json.loads(r.out).get("launched", 0) for r in ran if r.code == 0]
+    assert sum(launched) == len(dues)
+    assert _manual_runs_per_due(box, monkeypatch) == {d.text: 1 for d in dues}
+    entries = [e for e in box.ledger.list_entries(task_key=TASK)[0] if e.due is not None]
+    assert len(entries) == len(dues)
+    audited = sorted(a["entry_id"] for a in box.ledger.recent_audit(action="catch_up"))
+    assert audited == sorted(e.id for e in entries)
+    again = box.ok("catch-up", TASK, "--from", dues[0].text, "--to", dues[-1].text, *who)
+    assert again["launched"] == 0
