@@ -26,7 +26,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 
@@ -38,6 +38,9 @@ from resources.ledger import Ledger
 from resources.ledger.model import db_values, entry_from_row, to_db, truncate_error
 from resources.ledger.rules import Decision, EntryState, format_duration, state_words, who
 from resources.ledger.schema import entries
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 #: A reclaim takes a running entry only.
 RECLAIM_FROM: Final = (Status.RUNNING,)
@@ -72,15 +75,25 @@ def decide_reclaim(entry: EntryState, *, now: datetime) -> Decision:
     )
 
 
+#: Records a change in the transaction that makes it (an operator command's audit record).
+AuditChange = Callable[[Entry, "Connection"], None]
+
+
 def reclaim_expired(
-    ledger: Ledger, *, now: datetime | None = None, dry_run: bool = False, limit: int = 1000
+    ledger: Ledger,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    limit: int = 1000,
+    audit: AuditChange | None = None,
 ) -> list[Entry]:
     """Running entries whose lease expired before ``now`` -> ``failed`` (lease_reclaimed).
 
     Never re-run automatically: the run may have had side effects. Each entry is
     reclaimed by its own compare-and-set (same owner, lease still expired), so a run that
     heartbeats in between keeps its entry. Returns the reclaimed entries (after); with
-    ``dry_run`` the candidates, unchanged.
+    ``dry_run`` the candidates, unchanged. ``audit`` records each reclaim in the transaction
+    that makes it.
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
@@ -102,21 +115,24 @@ def reclaim_expired(
             if not decision.allowed:  # selected by the same condition: cannot happen
                 continue
             changes = dict(decision.changes, error=truncate_error(decision.changes["error"]))
-            row = (
-                conn.execute(
-                    sa.update(entries)
-                    .where(
-                        entries.c.id == entry.id,
-                        entries.c.status.in_(RECLAIM_FROM),
-                        entries.c.lease_owner == entry.lease_owner,
-                        entries.c.lease_expires_at < stamp,
-                    )
-                    .values(**db_values(changes))
-                    .returning(*entries.c)
+            update = (
+                sa.update(entries)
+                .where(
+                    entries.c.id == entry.id,
+                    entries.c.status.in_(RECLAIM_FROM),
+                    entries.c.lease_owner == entry.lease_owner,
+                    entries.c.lease_expires_at < stamp,
                 )
-                .mappings()
-                .first()
+                .values(**db_values(changes))
+                .returning(*entries.c)
             )
+            if audit is None:
+                row = conn.execute(update).mappings().first()
+            else:
+                with ledger.transaction() as tx:
+                    row = tx.execute(update).mappings().first()
+                    if row is not None:
+                        audit(entry_from_row(row), tx)
             if row is not None:
                 reclaimed.append(entry_from_row(row))
     return reclaimed
@@ -182,7 +198,9 @@ def _reclaim(entry: Entry, now: datetime, done: bool) -> Reclaim:
     )
 
 
-def reclaim_leases(ledger: Ledger, now: datetime, *, dry_run: bool = False) -> list[Reclaim]:
+def reclaim_leases(
+    ledger: Ledger, now: datetime, *, dry_run: bool = False, audit: AuditChange | None = None
+) -> list[Reclaim]:
     """Reclaim every expired lease as of ``now`` (or, with ``dry_run``, list them).
 
     The candidates are read first so that each reclaim can name its run and expiry (the
@@ -192,7 +210,7 @@ def reclaim_leases(ledger: Ledger, now: datetime, *, dry_run: bool = False) -> l
     candidates = reclaim_expired(ledger, now=now, dry_run=True)
     if dry_run:
         return [_reclaim(e, now, done=False) for e in candidates]
-    reclaimed = {e.id for e in reclaim_expired(ledger, now=now)}
+    reclaimed = {e.id for e in reclaim_expired(ledger, now=now, audit=audit)}
     return [_reclaim(e, now, done=True) for e in candidates if e.id in reclaimed]
 
 
@@ -251,7 +269,12 @@ def stranded_candidates(ledger: Ledger, now: datetime) -> list[Entry]:
 
 
 def sweep_stranded(
-    ledger: Ledger, has_run: Callable[[Entry], bool], now: datetime, *, dry_run: bool = False
+    ledger: Ledger,
+    has_run: Callable[[Entry], bool],
+    now: datetime,
+    *,
+    dry_run: bool = False,
+    audit: AuditChange | None = None,
 ) -> list[Stranded]:
     """Record every stranded launch as ``dispatch_failed``; returns what was recorded (with
     ``dry_run``: what would be, unchanged). ``has_run``: whether Dagster has a run of the
@@ -265,15 +288,16 @@ def sweep_stranded(
             swept.append(Stranded(entry, redo))
             continue
         waited = int((now - entry.created_at).total_seconds() // 60)
-        after = ledger.record_dispatch_failure(
-            entry.id,
-            error=(
-                f"no Dagster run was created for this entry {waited} minutes after it was "
-                f"recorded: the launching command stopped between recording and launching. "
-                f"Nothing ran; {redo}"
-            ),
-            now=now,
+        error = (
+            f"no Dagster run was created for this entry {waited} minutes after it was "
+            f"recorded: the launching command stopped between recording and launching. "
+            f"Nothing ran; {redo}"
         )
-        if after.status == Status.DISPATCH_FAILED:
+        with ledger.transaction() as conn:
+            after = ledger.record_dispatch_failure(entry.id, error=error, now=now, connection=conn)
+            changed = after.status == Status.DISPATCH_FAILED and entry.status != after.status
+            if changed and audit is not None:
+                audit(after, conn)
+        if changed:
             swept.append(Stranded(after, redo))
     return swept

@@ -12,13 +12,16 @@ it did. Without an allow-list (the local, one-person default) nothing is checked
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from orchestration.cli.runs import acting_operator, load_operators, require_role
 from orchestration.cli.support import open_ledger
 from resources.core.operators import Decision
 from resources.core.settings import Settings
 from resources.ledger import Ledger
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 ACTION_RECLAIM: Final = "reclaim"
 ACTION_LIVENESS_ALERT: Final = "liveness_alert"
@@ -35,8 +38,16 @@ class Grant:
     action: str
     role: str
 
-    def audit(self, outcome: str) -> None:
-        """Record what the command did, under the operator it ran as (allow-list only)."""
+    @property
+    def audited(self) -> bool:
+        """An allow-list is in force: what the command does is audited."""
+        return self.ledger is not None and self.operator is not None
+
+    def audit(
+        self, outcome: str, *, entry_id: int | None = None, connection: Connection | None = None
+    ) -> None:
+        """Record what the command did, under the operator it ran as (allow-list only); with
+        ``connection``, in the transaction of the change it records."""
         if self.ledger is None or self.operator is None:
             return
         check = Decision(
@@ -47,9 +58,10 @@ class Grant:
         self.ledger.write_audit(
             operator=self.operator,
             action=self.action,
-            entry_id=None,
+            entry_id=entry_id,
             checks=[check.as_json()],
             outcome=outcome,
+            connection=connection,
         )
 
 

@@ -35,7 +35,34 @@ from resources.core.instants import iso
 from resources.core.operators import ROLE_RETRIER
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sqlalchemy.engine import Connection
+
+    from orchestration.cli.guard import Grant
+    from orchestration.reclaim import AuditChange
+    from resources.core.entry import Entry
     from resources.ledger import DeliveryRecord
+
+
+def _audit_each(grant: Grant | None) -> Callable[[str], AuditChange | None]:
+    """``audit(verb)``: what records each change of a sweep under ``grant``, in the change's
+    own transaction (None without an allow-list: nothing is audited)."""
+
+    def audit(verb: str) -> AuditChange | None:
+        if grant is None or not grant.audited:
+            return None
+
+        def record(entry: Entry, conn: Connection) -> None:
+            grant.audit(
+                f"{verb} entry {entry.id} ({entry.task_key}, {entry.dedup_key})",
+                entry_id=entry.id,
+                connection=conn,
+            )
+
+        return record
+
+    return audit
 
 
 @click.command("reclaim")
@@ -66,10 +93,17 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
         else require_command_role(settings, ACTION_RECLAIM, ROLE_RETRIER, ledger=ledger)
     )
     now = datetime.now(UTC)
-    reclaims = reclaim_leases(ledger, now, dry_run=dry_run)
+    audit = _audit_each(grant)
+    reclaims = reclaim_leases(
+        ledger, now, dry_run=dry_run, audit=audit("reclaimed the expired lease of")
+    )
     with dagster_instance() as instance:
         stranded = sweep_stranded(
-            ledger, lambda entry: has_dispatched_run(instance, entry), now, dry_run=dry_run
+            ledger,
+            lambda entry: has_dispatched_run(instance, entry),
+            now,
+            dry_run=dry_run,
+            audit=audit("recorded as dispatch_failed the stranded launch of"),
         )
     attempts = []
     if alert_settings is not None:
@@ -81,12 +115,10 @@ def reclaim_cmd(dry_run: bool, as_json: bool) -> None:
         for swept in stranded:
             alerts.record(STRANDED_ALERT_KIND, entry_subject(swept.entry.id), swept.as_json())
         attempts = alerts.deliver(retry=True)
-    if grant is not None:
-        grant.audit(
-            f"reclaimed {len(reclaims)} expired lease(s) "
-            f"{sorted(r.entry_id for r in reclaims)}, recorded {len(stranded)} stranded "
-            f"launch(es) {sorted(s.entry.id for s in stranded)} as dispatch_failed"
-        )
+    if grant is not None and not (reclaims or stranded):
+        # Each change was audited in its own transaction; a sweep that changed nothing still
+        # leaves a record that it ran.
+        grant.audit("reclaimed 0 expired leases, recorded 0 stranded launches")
     if as_json:
         print_json(
             {
@@ -205,16 +237,18 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
     attempts = []
     if alert_settings is not None:
         # From cron while the daemon is down, this command is what retries deliveries.
-        alerts = Alerts.from_settings(
-            open_ledger(settings), alert_settings, now=now, use_loggers=False
-        )
-        for check in report.checks:
-            if not check.fresh:
-                fields = {**check.as_json(), "max_age_seconds": int(max_age.total_seconds())}
-                alerts.record(KIND_LIVENESS, check_subject(check.name, check.observed_at), fields)
+        ledger = grant.ledger if grant is not None and grant.ledger else open_ledger(settings)
+        alerts = Alerts.from_settings(ledger, alert_settings, now=now, use_loggers=False)
+        # The alerts it records and its audit record are one transaction.
+        with ledger.transaction() as conn:
+            for check in report.checks:
+                if not check.fresh:
+                    fields = {**check.as_json(), "max_age_seconds": int(max_age.total_seconds())}
+                    subject = check_subject(check.name, check.observed_at)
+                    alerts.record(KIND_LIVENESS, subject, fields, connection=conn)
+            if grant is not None:
+                grant.audit(f"liveness alert: stale checks {list(report.stale)}", connection=conn)
         attempts = alerts.deliver(retry=True)
-    if grant is not None:
-        grant.audit(f"liveness alert: stale checks {list(report.stale)}")
     if as_json:
         data = report.as_json()
         if alert:

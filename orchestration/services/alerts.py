@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from resources.alert_channels import AlertChannel, AlertMessage, ChannelError, build_channels
 from resources.core.alerting import (
@@ -43,6 +43,9 @@ from resources.core.alerting import (
 )
 from resources.core.instants import iso, utc_now
 from resources.ledger import DeliveryRecord, Ledger
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 ALERT_LOGGER: Final = logging.getLogger("dueledger.alerts")
 #: Delivery outcomes. Not a child of ``dueledger.alerts``: that logger carries alert lines only.
@@ -142,15 +145,28 @@ class Alerts:
         self.record(kind, subject, fields)
         return line
 
-    def record(self, kind: str, subject: str, fields: Mapping[str, Any]) -> None:
-        """Record the delivery of one alert (no line written): see :meth:`emit`."""
+    def record(
+        self,
+        kind: str,
+        subject: str,
+        fields: Mapping[str, Any],
+        *,
+        connection: Connection | None = None,
+    ) -> None:
+        """Record the delivery of one alert (no line written): see :meth:`emit`; with
+        ``connection``, in that transaction."""
         self._say_config_error()
         channels = [c.name for c in self.channels if c.accepts(kind)]
         if not channels or self.ledger is None:
             return
         try:
             self._new += self.ledger.record_alert(
-                channels=channels, kind=kind, subject=subject, payload=fields, now=self.now
+                channels=channels,
+                kind=kind,
+                subject=subject,
+                payload=fields,
+                now=self.now,
+                connection=connection,
             )
         except Exception as exc:  # the alert line is out; delivery must not fail the caller
             self._say(

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -34,6 +34,9 @@ from resources.core.instants import iso
 from resources.ledger.model import check_id, from_db, to_db, truncate_error
 from resources.ledger.schema import alert_deliveries
 from resources.ledger.store import LedgerStore
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 #: Rows one listing or one retry sweep reads at most.
 MAX_DELIVERY_ROWS: Final = 500
@@ -124,15 +127,17 @@ class LedgerAlertDeliveries(LedgerStore):
         subject: str,
         payload: Mapping[str, Any],
         now: datetime | None = None,
+        connection: Connection | None = None,
     ) -> list[DeliveryRecord]:
         """Insert a ``pending`` delivery of alert ``(kind, subject)`` for each channel, unless
-        one exists already; returns the rows this call inserted (each due at once)."""
+        one exists already; returns the rows this call inserted (each due at once). With
+        ``connection``, in that transaction."""
         if not subject or len(subject) > MAX_SUBJECT_CHARS:
             raise ValueError(f"alert subject must be 1-{MAX_SUBJECT_CHARS} characters: {subject!r}")
         at = to_db(self.clock(now), "now")
         body = _plain_json(payload)
         inserted: list[DeliveryRecord] = []
-        with self.connect("autocommit") as conn:
+        with self.maybe(connection) as conn:
             insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             for channel in channels:
                 statement = (

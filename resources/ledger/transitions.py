@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -327,6 +328,7 @@ class LedgerTransitions(LedgerStore):
         error: str,
         run_id: str | None = None,
         now: datetime | None = None,
+        connection: Connection | None = None,
     ) -> Entry:
         """The launch of a run for this entry failed: ``queued|retrying -> dispatch_failed``.
 
@@ -338,7 +340,7 @@ class LedgerTransitions(LedgerStore):
         if run_id is not None:
             check_run_id(run_id)
         at = self.clock(now)
-        with self.connect("write") as conn:
+        with contextlib.nullcontext(connection) if connection else self.connect("write") as conn:
             entry = self.load(conn, entry_id, lock=True)
             decision = rules.dispatch_failure(entry, error=text, now=at)
             if not decision.allowed:

@@ -209,3 +209,39 @@ def test_a_catch_up_killed_while_launching_leaves_no_launcher_and_no_due_twice(
     assert _killed(args, env, 600) == 0  # run again at once: the killed one's claims are free
     runs = _catch_up_runs(env)
     assert runs == {format_due(d): 1 for d in _dues_between(start, end)}
+
+
+def test_a_killed_reclaim_leaves_every_reclaimed_lease_with_its_audit(
+    env: dict[str, str], ledger: RunLedger, rng: random.Random, tmp_path: Path
+) -> None:
+    # With an allow-list a reclaim is audited; the record once came after all the reclaims,
+    # so a kill between them left reclaimed leases no record named.
+    from resources.core.entry import FailureKind, Status, dedup_key_for_due
+    from resources.core.settings import ENV_IDENTITY, ENV_OPERATORS
+
+    team = tmp_path / "operators.toml"
+    team.write_text('[operators]\nbob = ["retrier"]\n')
+    env = {**env, ENV_OPERATORS: str(team), ENV_IDENTITY: "bob"}
+    lifetime = _lifetime(["reclaim"], env)
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=2)
+    killed = 0
+    for round_ in range(KILL_ROUNDS):
+        for i in range(20):  # leases that expired a day ago
+            due = base + timedelta(minutes=15 * (round_ * 20 + i))
+            entry = ledger.ensure_entry(
+                task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due)
+            )
+            assert ledger.claim(
+                entry.id, f"run-{entry.id}", lease_ttl=timedelta(minutes=1), now=due
+            )
+        killed += _killed(["reclaim"], env, rng.uniform(0, lifetime * 2)) is None
+        reclaimed = sorted(
+            e.id
+            for e in ledger.list_entries(task_key=TASK, limit=1000)[0]
+            if e.status == Status.FAILED and e.failure_kind == FailureKind.LEASE_RECLAIMED
+        )
+        audited = sorted(a["entry_id"] for a in _audits(ledger, "reclaim") if a["entry_id"])
+        assert audited == reclaimed
+    assert killed > 0, "no reclaim was killed: the delays were all longer than the commands"
+    assert _killed(["reclaim"], env, 600) == 0  # to its end: every lease reclaimed, audited
+    assert len(_audits(ledger, "reclaim")) >= KILL_ROUNDS * 20

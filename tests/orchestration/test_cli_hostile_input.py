@@ -312,8 +312,10 @@ def test_with_an_allow_list_operations_commands_need_a_role_and_are_audited(
         ("bob", "liveness_alert"),
         ("alice", "sample_data_replace"),
     }
+    # Each reclaim is audited in the transaction that makes it, naming its entry.
     (reclaimed,) = [r for r in done if r["action"] == "reclaim"]
-    assert f"reclaimed 1 expired lease(s) [{entry_id}]" in str(reclaimed["outcome"])
+    assert reclaimed["entry_id"] == entry_id
+    assert f"reclaimed the expired lease of entry {entry_id}" in str(reclaimed["outcome"])
 
 
 # --- configuration files are read with a bound -------------------------------------------------
