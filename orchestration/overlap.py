@@ -39,12 +39,14 @@ from typing import TYPE_CHECKING, Final
 import sqlalchemy as sa
 
 from orchestration.task_spec import LEDGER_OVERLAP_POLICIES, OverlapPolicy, TaskSpec, TaskView
+from resources.core.due import Due
 from resources.core.entry import (
     ACTION_RUN_REPLACED,
     CLAIMABLE_STATUSES,
     IN_PROGRESS,
     Entry,
     FailureKind,
+    Origin,
     Status,
     Trigger,
     with_summary_lists,
@@ -155,6 +157,59 @@ def launch_refusal(ledger: Ledger, spec: TaskSpec, *, queue: bool) -> str | None
         f"and its overlap policy is skip: this launch would be skipped. Nothing was "
         f"launched; add --queue to wait for its turn"
     )
+
+
+def skip_at_tick(
+    ledger: Ledger, spec: TaskSpec, due: Due, *, now: datetime | None = None
+) -> Entry | None:
+    """At the schedule's tick of ``due``: the due's entry, written ``skipped``, when its run
+    would only be skipped at its claim -- overlap ``skip`` with the task in progress,
+    ``buffer_one`` with a run already waiting (:func:`decide_overlap`, the claim's own
+    decision) -- or when the due was skipped already. The tick then requests no run: no run
+    worker starts only to end itself. None: request the run (the claim decides again, for a
+    run that starts after the task became busy).
+
+    One transaction holding the task's lock row, as a claim does; the entry is written by
+    insert-or-ignore, so two daemons ticking the same due record it once."""
+    if spec.overlap_policy not in (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE):
+        return None
+    at = ledger.clock(now)
+    with ledger.transaction() as conn:
+        lock = _lock_task(conn, spec.key, at)
+        existing = (
+            conn.execute(
+                sa.select(entries).where(
+                    entries.c.task_key == spec.key,
+                    entries.c.origin == Origin.DUE,
+                    entries.c.dedup_key == due.key,
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if existing is not None:
+            found = entry_from_row(existing)
+            return found if found.status == Status.SKIPPED else None
+        in_progress = conn.execute(
+            sa.select(entries.c.id)
+            .where(entries.c.task_key == spec.key, entries.c.status.in_(IN_PROGRESS))
+            .order_by(entries.c.id)
+        ).scalars()
+        waiter = lock["waiting_entry_id"]
+        until = from_db(lock["waiting_until"])
+        live = waiter if waiter is not None and until is not None and until > at else None
+        decision = decide_overlap(spec.overlap_policy, 0, [int(i) for i in in_progress], live)
+        if decision.action is not OverlapAction.SKIP:
+            return None
+        entry, _ = ledger.record_skipped_due(
+            spec.key,
+            due,
+            reason=decision.reason,
+            max_attempts=spec.max_attempts,
+            now=at,
+            connection=conn,
+        )
+        return entry
 
 
 def replace(entry: EntryState, *, by_entry: int, by_run: str, now: datetime) -> Decision:

@@ -35,7 +35,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.declarations import DeclaredTask, task_registry
-from orchestration.overlap import pool_of
+from orchestration.overlap import pool_of, skip_at_tick
 from orchestration.pause import tick_skip_reason
 from orchestration.services.dagster_runs import (
     dagster_will_retry_failure,
@@ -603,9 +603,17 @@ def task_schedule(
         if isinstance(request, dg.SkipReason):
             return request
         due = decide_tick(view.plan, scheduled, view.slot_minutes).due
-        paused = tick_skip_reason(context.resources.ledger, view.spec.key, due)
+        ledger = context.resources.ledger
+        paused = tick_skip_reason(ledger, view.spec.key, due)
         if paused is not None:
             return dg.SkipReason(paused)
+        skipped = skip_at_tick(ledger, view.spec, due)
+        if skipped is not None:
+            return dg.SkipReason(
+                f"{view.spec.key} {due.text}: skipped ({skipped.error}; overlap "
+                f"{view.spec.overlap_policy}): entry {skipped.id} records it; no run was "
+                f"requested (`dueledger runs show {skipped.id}`)"
+            )
         return gate_run_request(request, hooks, log=_ContextLog(context))
 
     metadata: dict[str, Any] = dict(_metadata(view))

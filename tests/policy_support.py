@@ -24,6 +24,7 @@ from dagster_internals import (
     daemon_workspace,
     dequeue_iteration,
     execute_run_in_thread,
+    instigator_ticks,
     run_scheduler_tick,
 )
 
@@ -71,6 +72,11 @@ class World:
         before = {r.run_id for r in self.instance.get_runs()}
         run_scheduler_tick(self.ctx, self.at(slots) + timedelta(seconds=5))
         return sorted({r.run_id for r in self.instance.get_runs()} - before)
+
+    def tick_reason(self) -> str:
+        """The skip reason of the task schedule's newest tick (empty: none)."""
+        (tick,) = instigator_ticks(self.ctx, f"{self.task}_schedule", limit=1)
+        return tick.skip_reason or ""
 
     def due(self, slots: int) -> str:
         """Tick the scheduler for the due ``slots`` after the first; the id of its run."""

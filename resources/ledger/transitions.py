@@ -400,9 +400,11 @@ class LedgerTransitions(LedgerStore):
         trigger: str = Trigger.SCHEDULE,
         max_attempts: int = 1,
         now: datetime | None = None,
+        connection: Connection | None = None,
     ) -> tuple[Entry, bool]:
         """The entry of ``task_key``'s ``due`` written ``skipped`` with ``reason`` unless the due
-        has an entry already (insert-or-ignore); returns it and whether this call wrote it."""
+        has an entry already (insert-or-ignore); returns it and whether this call wrote it.
+        ``connection`` runs it inside a caller's :meth:`transaction`."""
         require_text(task_key, "task_key")
         require_text(reason, "reason")
         due = Due.coerce(due)
@@ -424,7 +426,7 @@ class LedgerTransitions(LedgerStore):
             "error": truncate_error(reason),
             "summary": with_summary_lists(None),
         }
-        with self.connect("autocommit") as conn:
+        with self.maybe(connection) as conn:
             sql = statements_for(conn.dialect.name)
             row = conn.execute(sql.insert_entry, values).mappings().first()
             if row is not None:

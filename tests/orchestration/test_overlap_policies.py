@@ -47,9 +47,18 @@ def test_skip_records_every_run_that_finds_the_task_running_as_skipped(world: Wo
     first = world.start(world.due(0))
     world.wait_claimed(1)
     busy = world.ledger.in_progress("skip_task")[0]
-    # A second due, a UI launch and a backfill run arrive while the first runs.
+    # The schedule's next due is decided at its tick: no run, the tick says why, and the
+    # ledger records the due skipped -- once, however often the tick is evaluated.
+    for _ in range(2):
+        assert world.tick(1) == []
+    skipped = world.ledger.find("skip_task", _due_key(1))
+    assert skipped is not None and skipped.status == Status.SKIPPED
+    assert skipped.error == f"overlap: entry {busy.id} running"
+    reason = world.tick_reason()
+    assert f"entry {skipped.id} records it; no run was requested" in reason
+    assert f"overlap: entry {busy.id} running" in reason
+    # A UI launch and a backfill run arrive while the first runs: decided at their claim.
     arrivals = [
-        world.due(1),
         world.ui_launch(),
         world.ui_launch({t.DAGSTER_BACKFILL: "bf1", t.DAGSTER_PARTITION: "2026-11-30"}),
     ]
@@ -60,7 +69,7 @@ def test_skip_records_every_run_that_finds_the_task_running_as_skipped(world: Wo
         assert entry.status == Status.SKIPPED
         assert entry.error == f"overlap: entry {busy.id} running"
     triggers = sorted(world.entry_of(r).trigger for r in arrivals)
-    assert triggers == [Trigger.BACKFILL, Trigger.MANUAL, Trigger.SCHEDULE]
+    assert triggers == [Trigger.BACKFILL, Trigger.MANUAL]
     # `dueledger launch` is refused naming the running entry; --queue waits its turn.
     with pytest.raises(Refused, match=f"running \\(entry {busy.id}"):
         launch_manual(
@@ -122,6 +131,11 @@ def test_buffer_one_runs_one_waiter_after_and_skips_the_rest(world: World) -> No
     assert waiting is not None and waiting.status == Status.QUEUED
     assert world.outcome(third_run) == ("CANCELED", t.OUTCOME_SKIPPED)
     assert world.entry_of(third_run).error == f"overlap: entry {waiting.id} already waiting"
+    # The next due finds the waiter at its tick: no run is requested for it.
+    assert world.tick(2) == []
+    late = world.ledger.find("buffer_task", _due_key(2))
+    assert late is not None and late.status == Status.SKIPPED
+    assert late.error == f"overlap: entry {waiting.id} already waiting"
     world.release()
     first.join(timeout=60)
     waiter.join(timeout=60)
