@@ -40,7 +40,6 @@ import sqlalchemy as sa
 
 from orchestration.missed_dues import run_dues
 from orchestration.pause import pause_at, task_pauses
-from orchestration.retry import retry_entry
 from orchestration.services.launch import (
     LAUNCH_TIMEOUT_SECONDS,
     Launcher,
@@ -458,6 +457,9 @@ def _retry(
 ) -> CatchUpStep:
     assert step.entry_id is not None
     try:
+        # The retry rule is loaded only to retry: `dueledger dues` imports this module too.
+        from orchestration.retry import retry_entry
+
         result = retry_entry(
             ledger,
             step.entry_id,

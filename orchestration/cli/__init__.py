@@ -7,22 +7,12 @@ error is printed as ``{"error": message}`` on stdout as well.
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from typing import Final
 
 import click
 
-from orchestration.cli.alerts import alerts_cmd
-from orchestration.cli.guard import (
-    ACTION_SAMPLE_DATA,
-    ACTION_SAMPLE_DATA_REPLACE,
-    require_command_role,
-)
-from orchestration.cli.hooks import hooks_cmd
-from orchestration.cli.metrics import metrics_group
-from orchestration.cli.ops import liveness_cmd, reclaim_cmd
-from orchestration.cli.runs import runs_group
-from orchestration.cli.scheduling import catch_up_cmd, dues_cmd, pause_cmd, resume_cmd
-from orchestration.cli.summary import summary_cmd
 from orchestration.cli.support import (
     dagster_instance,
     handle_errors,
@@ -39,10 +29,40 @@ from resources.core.instants import iso
 from resources.core.operators import ROLE_ADMIN, ROLE_RETRIER
 from resources.core.settings import load_settings, mask_url
 
+#: The commands defined in their own modules, loaded when named: a command imports only what
+#: it uses (a ledger read loads neither Dagster nor the task declarations nor the other
+#: commands), as click's documentation shows for lazily loaded subcommands.
+LAZY_COMMANDS: Final = {
+    "runs": "orchestration.cli.runs:runs_group",
+    "summary": "orchestration.cli.summary:summary_cmd",
+    "reclaim": "orchestration.cli.ops:reclaim_cmd",
+    "liveness": "orchestration.cli.ops:liveness_cmd",
+    "hooks": "orchestration.cli.hooks:hooks_cmd",
+    "alerts": "orchestration.cli.alerts:alerts_cmd",
+    "metrics": "orchestration.cli.metrics:metrics_group",
+    "dues": "orchestration.cli.scheduling:dues_cmd",
+    "pause": "orchestration.cli.scheduling:pause_cmd",
+    "resume": "orchestration.cli.scheduling:resume_cmd",
+    "catch-up": "orchestration.cli.scheduling:catch_up_cmd",
+}
+
 
 class _Commands(click.Group):
     """The command group; a usage error (a bad option value, an unknown option) under
-    ``--json`` also prints ``{"error": message}`` on stdout, like every other error."""
+    ``--json`` also prints ``{"error": message}`` on stdout, like every other error. The
+    commands of :data:`LAZY_COMMANDS` are imported when they are named (or listed)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = LAZY_COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, name = target.partition(":")
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command), target
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
         rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
@@ -250,6 +270,11 @@ def sample_data_cmd(
 ) -> None:
     """Generate deterministic hosting sample data into the source store."""
     # Imported when this command runs, so the other commands do not load it.
+    from orchestration.cli.guard import (
+        ACTION_SAMPLE_DATA,
+        ACTION_SAMPLE_DATA_REPLACE,
+        require_command_role,
+    )
     from resources.sample_data import ReplaceRefused, StoreNotEmpty, generate_sample_data
     from resources.source_store import open_source_engine
 
@@ -294,20 +319,3 @@ def sample_data_cmd(
         print_json({"source_url": where, "as_of": anchor.isoformat(), **counts})
         return
     click.echo(f"sample data as of {anchor.isoformat()} in {where}: {counts}")
-
-
-# `runs list|show|retry` and `summary` live in orchestration/cli/runs.py.
-main.add_command(runs_group)
-main.add_command(summary_cmd)
-# `reclaim` and `liveness` live in orchestration/cli/ops.py.
-main.add_command(reclaim_cmd)
-main.add_command(liveness_cmd)
-# `hooks` (plugin listeners and load errors) lives in orchestration/cli/hooks.py.
-main.add_command(hooks_cmd)
-# `alerts` (alert channels and deliveries) lives in orchestration/cli/alerts.py.
-main.add_command(alerts_cmd)
-# `metrics serve|write` (Prometheus metrics from the ledger) lives in orchestration/cli/metrics.py.
-main.add_command(metrics_group)
-# `dues`, `pause`, `resume`, `catch-up` (a task's schedule, steered) live in cli/scheduling.py.
-for _command in (dues_cmd, pause_cmd, resume_cmd, catch_up_cmd):
-    main.add_command(_command)

@@ -243,11 +243,11 @@ def require_role(
     reason: str | None = None,
 ) -> None:
     """Refuse (exit 3, audited) unless ``operator`` holds ``role``."""
-    # Imported when this command runs, so the other commands do not load it.
-    from orchestration.retry import audit_operator_refusal
-
     decision = operators.check(operator, role)
     if not decision.passed:
+        # Imported only to refuse: an allowed read does not load the retry rule.
+        from orchestration.retry import audit_operator_refusal
+
         raise audit_operator_refusal(
             ledger, decision, operator=operator, action=action, entry_id=entry_id, reason=reason
         )
