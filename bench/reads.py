@@ -20,7 +20,11 @@ machine -- and ``ledger_health`` materializes in at most 5 s with 100,000 ledger
    location's ledger_health task asset: claim, summary, the latest-dues page, the
    materialization) against a one-asset materialization in the same instance, alternating.
 
-Rows go to ``--json`` for bench/run.py; targets: each read <= 0.4 s CPU, ledger_health <= 5 s.
+4. **Zoned dues**: `dues tick_every_minute` over 10 days with the rules read in Europe/Berlin
+   against the same in UTC, alternating (target: at most 2x).
+
+Rows go to ``--json`` for bench/run.py; targets: each read <= 0.4 s CPU, ledger_health <= 5 s,
+zoned dues <= 2x UTC.
 """
 
 from __future__ import annotations
@@ -197,6 +201,43 @@ def cold_commands(db: Path, env: dict[str, str], rounds: int) -> list[Row]:
     return rows
 
 
+#: A zoned rule's dues over a month cost at most this times the same rule's in UTC.
+ZONED_TARGET_RATIO = 2.0
+
+
+def zoned_dues(env: dict[str, str], rounds: int, now: datetime) -> list[Row]:
+    """`dueledger dues tick_every_minute` over 10 days (960 dues: a listing holds at most
+    1,000) with the rules read in Europe/Berlin
+    against the same in UTC, alternating: the DST rule's cost on top of the plain fires."""
+    end = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    span = ["--from", (end - timedelta(days=10)).isoformat(), "--to", end.isoformat()]
+    argv = [str(BIN / "dueledger"), "dues", "tick_every_minute", *span, "--json"]
+    timings: dict[str, list[float]] = {"UTC": [], "Europe/Berlin": []}
+    for _ in range(rounds):
+        for zone, values in timings.items():
+            cpu, done = cpu_of(argv, {**env, "DUELEDGER_TIMEZONE": zone})
+            if done.returncode != 0:
+                raise SystemExit(f"dues in {zone} failed: {done.stderr[-2000:]}")
+            values.append(cpu)
+    value = statistics.median(timings["Europe/Berlin"])
+    base = statistics.median(timings["UTC"])
+    ratio = value / base if base else None
+    return [
+        Row(
+            area="zoned dues",
+            measurement="`dues tick_every_minute` over 10 days, rules in Europe/Berlin, CPU",
+            size=f"{rounds} rounds",
+            value=round(value, 3),
+            unit="s CPU",
+            baseline=round(base, 3),
+            baseline_label="the same in UTC",
+            ratio=round(ratio, 2) if ratio else None,
+            target=f"ratio <= {ZONED_TARGET_RATIO:g}",
+            met=ratio is not None and ratio <= ZONED_TARGET_RATIO,
+        )
+    ]
+
+
 def health_materialization(url: str, entries: int, rounds: int, now: datetime) -> list[Row]:
     """ledger_health materialized in process vs a one-asset materialization, alternating."""
     import dagster as dg
@@ -271,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "DUELEDGER_DATABASE_URL": url,
         }
         rows = cold_commands(db, env, args.rounds)
+        rows += zoned_dues(env, args.rounds, now)
         # The in-process materialization reads its settings from the environment; the
         # previous values come back afterwards so a caller (a test) keeps its own.
         with mock.patch.dict(

@@ -164,6 +164,9 @@ def _walls(cron: str, start: datetime) -> Iterator[datetime]:
         yield itr.get_next(datetime)
 
 
+_TICK: Final = timedelta(microseconds=1)
+
+
 def zoned_dues(
     cron: str, zone_name: str, slot_minutes: int, start: datetime, end: datetime
 ) -> list[ZonedDue]:
@@ -178,14 +181,30 @@ def zoned_dues(
     # is that instant plus the offset then (a skipped wall time lies after the transition's
     # instant plus the offset before it): never before start + the smallest offset.
     lowest = (start + min(offsets) - timedelta(hours=1)).replace(tzinfo=None)
+    zone = ZoneInfo(zone_name)
+    slot = timedelta(minutes=slot_minutes)
     dues: list[ZonedDue] = []
-    for wall in _walls(cron, lowest):
+    walls = _walls(cron, lowest)
+    while True:
+        wall = next(walls)
         instant, kind = resolve(wall, zone_name)
         due = floor_to_slot(instant, slot_minutes)
         if due >= end:
             break  # the mapping never goes back in time
-        if due >= start and (not dues or dues[-1].due != due):
+        if due >= start and (not dues or due > dues[-1].due):
             dues.append(ZonedDue(due, wall, instant, kind))
+            # One due per slot: go on from the next slot's start instead of walking every fire
+            # inside this one (a cron firing each minute has 15 per 15-minute slot). No wall
+            # that runs at or after that instant lies before its wall time read with the
+            # offset in force just before it (a skipped wall time runs at the instant after
+            # the gap) or just at it (a repeated one runs at its first occurrence, earlier).
+            nxt = due + slot
+            following = min(
+                nxt.astimezone(zone).replace(tzinfo=None),
+                (nxt - _TICK).astimezone(zone).replace(tzinfo=None) + _TICK,
+            )
+            if following > wall:
+                walls = _walls(cron, following)
     return dues
 
 

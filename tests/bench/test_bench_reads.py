@@ -22,5 +22,7 @@ def test_a_small_run_times_the_reads_and_checks_none_loads_dagster(tmp_path):
     assert all(r.value > 0 and r.baseline and r.ratio for r in commands)
     (check,) = [r for r in rows if r.kind == KIND_CHECK]
     assert (check.met, check.value) == (True, 0.0)
+    (zoned,) = [r for r in rows if r.area == "zoned dues"]
+    assert zoned.value > 0 and zoned.baseline and zoned.ratio and zoned.target == "ratio <= 2"
     (health,) = [r for r in rows if r.area == "ledger_health"]
     assert health.value > 0 and health.baseline and health.target == "<= 5 s"

@@ -241,3 +241,35 @@ def test_dues_across_every_zone_and_year(zone: str, year: int, rule: Rule, slot:
         expected = _oracle(rule, zone, slot, start, end)
         assert listed == expected, (zone, rule, slot, start)
         assert _ticked(rule, zone, slot, start, end) == expected, (zone, rule, slot, start)
+
+
+def _every_fire(cron: str, zone: str, slot: int, start: datetime, end: datetime) -> list:
+    """zoned_dues by walking every fire of the cron (what it did before it skipped ahead to
+    the next slot): each slot named by its first fire, wall time and DST kind included."""
+    from orchestration.timetable import resolve
+
+    found: list[tuple[datetime, datetime, datetime, str]] = []
+    itr = croniter(cron, (start - timedelta(days=1)).replace(tzinfo=None))
+    while True:
+        wall = itr.get_next(datetime)
+        instant, kind = resolve(wall, zone)
+        due = floor_to_slot(instant, slot)
+        if due >= end:
+            return found
+        if due >= start and (not found or found[-1][0] != due):
+            found.append((due, wall, instant, kind))
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "Australia/Lord_Howe", "America/New_York"])
+@pytest.mark.parametrize("cron", ["* * * * *", "*/7 1-3 * * *", "30 2 * * *", "0,59 * * * *"])
+@pytest.mark.parametrize("slot", [5, 15, 60])
+def test_skipping_to_the_next_slot_names_each_slot_by_its_first_fire(
+    zone: str, cron: str, slot: int
+) -> None:
+    from orchestration.timetable import plan_transitions, zoned_dues
+
+    for change in plan_transitions(zone)[:4]:
+        start = (change.at - timedelta(hours=6)).replace(minute=0, second=0, microsecond=0)
+        end = start + timedelta(hours=14)
+        got = [(d.due, d.wall, d.instant, d.kind) for d in zoned_dues(cron, zone, slot, start, end)]
+        assert got == _every_fire(cron, zone, slot, start, end), (change, cron, zone, slot)
