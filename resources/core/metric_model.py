@@ -145,8 +145,9 @@ LEASE_RECLAIMS = _spec(
 REFUSED_RUNS = _spec(
     "dueledger_refused_runs_total",
     COUNTER,
-    "Runs the ledger refused (tagged dueledger/outcome=refused), as recorded in the entries' "
-    "late_job_rejections (newest 5 per entry).",
+    "Runs the ledger refused (tagged dueledger/outcome=refused): those recorded in the "
+    "entries' late_job_rejections (newest 5 per entry), and those refused before they had an "
+    "entry, as their run_refused audit records name them.",
     "task",
 )
 DUE_LAG = _spec(

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from resources.core import metric_model as m
 from resources.core.alerting import DELIVERY_FAILED
 from resources.core.due import parse_due
-from resources.core.entry import Origin, Status
+from resources.core.entry import ACTION_RUN_REFUSED, Origin, Status
 from resources.ledger.model import from_db, to_db
 from resources.ledger.schema import (
     PG_HOOK_FAILED,
@@ -26,6 +26,7 @@ from resources.ledger.schema import (
     SQLITE_HOOK_FAILED,
     SQLITE_REJECTED,
     alert_deliveries,
+    audit,
     entries,
 )
 from resources.ledger.store import LedgerStore
@@ -162,9 +163,12 @@ class LedgerMetricsQueries(LedgerStore):
         return dict(found)
 
     def refused_run_counts(self) -> dict[str, int]:
-        """Refused runs recorded in entries' ``late_job_rejections``, by task: only entries
-        with rejections are read (partial index ``ix_dueledger_entries_rejected``), and their
-        lists are counted in SQL."""
+        """Refused runs, by task: those recorded in entries' ``late_job_rejections`` (only
+        entries with rejections are read, partial index ``ix_dueledger_entries_rejected``,
+        their lists counted in SQL), and those refused before they had an entry (a launchpad
+        run of a task that is not manually triggerable), which only their ``run_refused``
+        audit record names (read through ``ix_dueledger_audit_entry``, entry NULL). So a
+        refusal `dueledger summary` counts in ``refused_24h`` is counted here too."""
         rows = self._json_items(
             "late_job_rejections",
             "action",
@@ -172,7 +176,16 @@ class LedgerMetricsQueries(LedgerStore):
             "task_key",
             (SQLITE_REJECTED, PG_REJECTED),
         )
-        return {str(key): n for key, n in rows}
+        found: Counter[str] = Counter({str(key): n for key, n in rows})
+        query = sa.select(audit.c.checks).where(
+            audit.c.entry_id.is_(None), audit.c.action == ACTION_RUN_REFUSED
+        )
+        with self.connect("autocommit") as conn:
+            for (checks,) in conn.execute(query):
+                task = checks.get("task_key") if isinstance(checks, dict) else None
+                if isinstance(task, str) and task:
+                    found[task] += 1
+        return dict(found)
 
     def hook_failure_counts(self) -> dict[str, int]:
         """Failed listener calls recorded in entries' ``hooks`` outcomes, by event: only

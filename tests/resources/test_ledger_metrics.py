@@ -120,6 +120,27 @@ def test_each_scrape_number_is_what_the_ledger_recorded(ledger: RunLedger) -> No
     assert ids["ok"] < ids["manual"]
 
 
+def test_a_run_refused_before_it_had_an_entry_is_counted_as_summary_counts_it(
+    ledger: RunLedger,
+) -> None:
+    # A launchpad run of a task that is not manually triggerable is refused before any entry
+    # exists: summary's refused_24h counted it from its audit record, the metric did not.
+    for task_key in ("log_archive", "log_archive", ""):
+        ledger.write_audit(
+            operator="dagster-ui",
+            action="run_refused",
+            entry_id=None,
+            reason=None,
+            checks={"run_id": "r", "task_key": task_key, "dedup_key": "manual:x"},
+            outcome="refused: not manually triggerable",
+        )
+    ledger.write_audit(
+        operator="bob", action="reclaim", entry_id=None, reason=None, checks={}, outcome="x"
+    )
+    assert ledger.refused_run_counts() == {"log_archive": 2}
+    assert ledger.summary_counts(now=datetime.now(UTC))["refused_window"] == 3
+
+
 def test_skipped_entries_are_counted_by_reason_word(ledger: RunLedger) -> None:
     # The test writes `skipped` entries itself, as the overlap and pause policies would.
     for n, why in enumerate(("overlap: entry 4 running", "paused by alice: maintenance")):
