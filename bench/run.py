@@ -31,8 +31,12 @@ script merges them:
   serve` vs ``SELECT count(*)`` on the same ledger, before and after migration 0005 (target
   <= 200 ms at 1,000,000 entries).
 - ``reads``: ``bench/reads.py`` -- the CLI's read commands cold (CPU) vs ``python -c pass``
-  and ``sqlite3``, none importing Dagster (target: `runs list` <= 0.4 s CPU), and
-  ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries).
+  and ``sqlite3``, none importing Dagster (target: each read <= 0.4 s CPU), and
+  ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries), and a zoned
+  rule's dues against the same in UTC (target <= 2x).
+- ``skipped_dues``: ``bench/skipped_dues.py`` -- dues the ledger skips (overlap ``skip``, the
+  task busy) through the real scheduler: Dagster runs created per due (target 0, against a
+  plain schedule's 1), the skipped dues recorded once each, and the tick's CPU per due.
 
 Default sizes are small (a few minutes); ``--full`` uses the target sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table
@@ -485,6 +489,13 @@ BENCHES: tuple[Bench, ...] = (
         "reads.py",
         ("--entries", "10000", "--rounds", "3"),
         ("--entries", "100000", "--rounds", "5"),
+    ),
+    # A due the ledger skips, decided at the tick: no run, recorded once, and its tick's CPU.
+    Bench(
+        "skipped_dues",
+        "skipped_dues.py",
+        ("--tasks", "5", "--repeat", "2"),
+        ("--tasks", "50", "--repeat", "3"),
     ),
 )
 
