@@ -1,5 +1,6 @@
 """The page a person reads first on ``ledger_health``: one line per task -- its latest due,
-what became of it, how late it started, where its runs are, what to run next.
+what became of it, how late it started, where its runs are (a link only when it has runs),
+what to run next (nothing for a due that succeeded).
 
 Each line is the ``latest_due_accounted_for`` check's own answer
 (``orchestration/services/accounting.py``), so the table and the Catalog's checks agree; the
@@ -64,9 +65,15 @@ def latest_due_rows(
                 else _STATE_WORDS.get(account.state, account.state),
                 "entry_id": account.entry_id,
                 "lag_seconds": lag,
-                "runs_path": t.entry_runs_path(entry.id) if entry is not None else None,
+                # A link only where it finds something: a skipped due has no run to list.
+                "runs_path": t.entry_runs_path(entry.id)
+                if entry is not None and entry.run_ids
+                else None,
                 "next_due": _next_due(view, now, pauses.get(view.spec.key, ())),
-                "next": next_step(account.state, view.spec.key, entry),
+                # A due that succeeded asks nothing of anyone; the check still names its entry.
+                "next": ""
+                if account.state == acc.STATE_SUCCESS
+                else next_step(account.state, view.spec.key, entry),
             }
         )
     return rows
@@ -102,7 +109,10 @@ def latest_dues_markdown(rows: Sequence[Mapping[str, Any]], as_of: str) -> str:
     ]
     for row in sorted(rows, key=lambda r: r["passed"]):
         mark = "" if row["passed"] else "**FAILING** "
-        runs = f"[entry {row['entry_id']}]({row['runs_path']})" if row["runs_path"] else ""
+        if row["runs_path"]:
+            runs = f"[entry {row['entry_id']}]({row['runs_path']})"
+        else:
+            runs = f"entry {row['entry_id']} (no run)" if row["entry_id"] is not None else ""
         step = str(row["next"]).replace("|", "\\|")
         cells = [
             row["task"],

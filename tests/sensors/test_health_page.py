@@ -96,11 +96,20 @@ def test_success_and_missed_rows_say_what_to_look_at(ledger):
     ledger.succeed(entry.id, "run-1", now=LATEST + timedelta(seconds=30))
     (row,) = latest_due_rows(ledger, views(), NOW)
     assert (row["status"], row["passed"], row["lag_seconds"]) == ("success", True, 0)
-    assert row["next"] == f"`dueledger runs show {entry.id}`"
+    assert row["next"] == ""  # nothing to do; the check's description still names the entry
     page = latest_dues_markdown([row], "x")
     assert "**FAILING**" not in page and "| 0 s |" in page
     late = latest_dues_markdown([{**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58}], "x")
     assert "| 13 h 21 min |" in late
+
+
+def test_a_skipped_due_has_no_link_to_an_empty_run_list(ledger):
+    entry, _ = ledger.record_skipped_due(
+        "strict_task", LATEST, reason="overlap: entry 1 running", now=LATEST
+    )
+    (row,) = latest_due_rows(ledger, views(), NOW)
+    assert (row["status"], row["entry_id"], row["runs_path"]) == ("skipped", entry.id, None)
+    assert f"| entry {entry.id} (no run) |" in latest_dues_markdown([row], "x")
 
 
 def test_the_next_due_is_the_one_dueledger_dues_lists_with_the_pause_that_holds_it(ledger):
