@@ -233,10 +233,19 @@ LAUNCH_CLAIM_TTL: Final = timedelta(seconds=LAUNCH_TIMEOUT_SECONDS + 60)
 
 
 def process_identity(pid: int | None = None) -> str:
-    """``host:pid:start`` of a process (this one by default): ``start`` is its start time in
-    clock ticks since boot, so a pid the kernel reused names another process."""
+    """``host:pidns:pid:start`` of a process (this one by default): ``pidns`` names its PID
+    namespace (two containers may share a host name, never a namespace), ``start`` its start
+    time in clock ticks since boot, so a pid the kernel reused names another process."""
     pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+    return f"{socket.gethostname()}:{_pid_namespace()}:{pid}:{_start_ticks(pid)}"
+
+
+def _pid_namespace() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "?"
+    return "".join(c for c in link if c.isdigit()) or "?"
 
 
 def _start_ticks(pid: int) -> str:
@@ -249,15 +258,17 @@ def _start_ticks(pid: int) -> str:
 
 
 def holder_gone(claimed_by: str) -> bool:
-    """The process that took a claim is known to be gone: it ran on this host and its pid is
-    unused or names a process started at another time. False when that cannot be known
-    (another host, no /proc): then only :data:`LAUNCH_CLAIM_TTL` frees the claim."""
+    """The process that took a claim is known to be gone: it ran on this host, in this PID
+    namespace, and its pid is unused or names a process started at another time. False when
+    that cannot be known (another host or container, no /proc): then only
+    :data:`LAUNCH_CLAIM_TTL` frees the claim."""
     try:
-        host, pid_text, start = claimed_by.rsplit(":", 2)
+        host, namespace, pid_text, start = claimed_by.rsplit(":", 3)
         pid = int(pid_text)
     except ValueError:
         return False
-    if host != socket.gethostname() or start == "?" or not Path("/proc/self/stat").exists():
+    here = host == socket.gethostname() and namespace == _pid_namespace() != "?"
+    if not here or start == "?":
         return False
     return _start_ticks(pid) != start
 
