@@ -41,7 +41,15 @@ from _paths import BENCH_DIR, ROOT  # first: puts the project and tests/ on sys.
 import dagster as dg
 from dagster_internals import CodeTarget, daemon_instance, daemon_workspace, run_scheduler_tick
 from run import Row, write_json
-from scheduling import AT_DUE, BEFORE_DUE, DUE, SLOT_MINUTES, _trivial_asset, task_key
+from scheduling import (
+    AT_DUE,
+    BEFORE_DUE,
+    DUE,
+    SLOT_MINUTES,
+    _trivial_asset,
+    plain_definitions,
+    task_key,
+)
 
 from orchestration.services.hooks.registry import Hooks
 from orchestration.task_defs import task_jobs_and_schedules
@@ -78,24 +86,7 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
             executor=dg.in_process_executor,
             resources={"ledger": RunLedger()},
         )
-    plain_jobs, plain_schedules = [], []
-    for view in views:
-        job = dg.define_asset_job(
-            name=view.spec.job_name, selection=dg.AssetSelection.assets(view.spec.asset)
-        )
-        plain_jobs.append(job)
-        plain_schedules.append(
-            dg.ScheduleDefinition(
-                name=view.spec.schedule_name,
-                cron_schedule=view.plan.cron,
-                execution_timezone=view.plan.timezone,
-                job=job,
-                default_status=dg.DefaultScheduleStatus.RUNNING,
-            )
-        )
-    return dg.Definitions(
-        assets=assets, jobs=plain_jobs, schedules=plain_schedules, executor=dg.in_process_executor
-    )
+    return plain_definitions(views, assets)
 
 
 LOCATION_TEMPLATE = """\

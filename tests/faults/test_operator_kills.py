@@ -49,17 +49,22 @@ def rng() -> random.Random:
     return random.Random(seed)
 
 
-def _killed(args: list[str], env: dict[str, str], delay: float) -> int | None:
-    """Run `dueledger ARGS`, SIGKILL its process group after ``delay`` seconds unless it ended
-    by then; its exit code, or None when it was killed."""
-    proc = subprocess.Popen(
+def _start(args: list[str], env: dict[str, str], *, own_group: bool) -> subprocess.Popen:
+    """`dueledger ARGS`, quiet; ``own_group``: in a process group of its own."""
+    return subprocess.Popen(
         [str(DUELEDGER), *args],
         cwd=PROJECT_ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its launcher children die with it
+        start_new_session=own_group,
     )
+
+
+def _killed(args: list[str], env: dict[str, str], delay: float) -> int | None:
+    """Run `dueledger ARGS`, SIGKILL its process group after ``delay`` seconds unless it ended
+    by then; its exit code, or None when it was killed."""
+    proc = _start(args, env, own_group=True)  # its launcher children die with it
     try:
         return proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
@@ -184,13 +189,7 @@ def test_a_catch_up_killed_while_launching_leaves_no_launcher_and_no_due_twice(
     start = end - timedelta(hours=24)  # 96 dues: their launch outlasts the wait below
     args = ["catch-up", TASK, "--from", start.isoformat(), "--to", end.isoformat()]
     args += ["--only", "missed", "--operator", "alice", "--reason", "kill test"]
-    proc = subprocess.Popen(
-        [str(DUELEDGER), *args],
-        cwd=PROJECT_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _start(args, env, own_group=False)  # killed alone below, not its group
     deadline = time.monotonic() + 300
     launchers: list[int] = []
     while not launchers and proc.poll() is None:
