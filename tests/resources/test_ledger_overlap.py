@@ -158,6 +158,40 @@ def test_two_runs_starting_at_once_decide_one_after_the_other(ledger: RunLedger)
     assert [e.status for e in ledger.in_progress(TASK)] == [Status.RUNNING]
 
 
+def test_two_daemons_ticking_a_due_the_ledger_skips_record_it_once(ledger: RunLedger) -> None:
+    # The tick's decision (skip_at_tick): both ticks of the same due request no run and
+    # find one skipped entry, whichever wrote it.
+    from orchestration.overlap import skip_at_tick
+    from orchestration.task_spec import OverlapPolicy, TaskSpec
+    from orchestration.timetable import EverySlots
+
+    spec = TaskSpec(
+        key=TASK, rule=EverySlots(1), declared_cadence="x", overlap_policy=OverlapPolicy.SKIP
+    )
+    busy = running(ledger)
+    due = Due(DUE + SLOT)
+    barrier = threading.Barrier(4)
+    found: list[Entry | None] = []
+
+    def tick() -> None:
+        barrier.wait()
+        found.append(skip_at_tick(ledger, spec, due))
+
+    threads = [threading.Thread(target=tick) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    skipped = ledger.find(TASK, due.key)
+    assert skipped is not None and skipped.status == Status.SKIPPED
+    assert len(found) == 4 and {e.id if e else None for e in found} == {skipped.id}
+    assert skipped.error == f"overlap: entry {busy.id} running"
+    # The task free again, the next due is left to its run.
+    ledger.succeed(busy.id, busy.lease_owner or "run-a")
+    assert skip_at_tick(ledger, spec, Due(DUE + 2 * SLOT)) is None
+    assert ledger.find(TASK, Due(DUE + 2 * SLOT).key) is None
+
+
 def test_a_paused_due_is_written_once(ledger: RunLedger) -> None:
     entry, wrote = ledger.record_skipped_due(TASK, DUE, reason="paused by alice: migration")
     again, wrote_again = ledger.record_skipped_due(TASK, DUE, reason="paused by bob: other")
