@@ -244,3 +244,43 @@ def test_a_killed_reclaim_leaves_every_reclaimed_lease_with_its_audit(
     assert killed > 0, "no reclaim was killed: the delays were all longer than the commands"
     assert _killed(["reclaim"], env, 600) == 0  # to its end: every lease reclaimed, audited
     assert len(_audits(ledger, "reclaim")) >= KILL_ROUNDS * 20
+
+
+def test_a_killed_retry_leaves_its_stamp_its_child_and_its_audit_together(
+    env: dict[str, str], ledger: RunLedger, rng: random.Random
+) -> None:
+    # `runs retry` stamps the parent, creates the child entry and writes its audit record in
+    # one transaction; its launch comes after (a child whose launch was killed is a stranded
+    # launch the sweep records). Killed at any instant: all three or none.
+    from resources.core.entry import dedup_key_for_due
+
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
+    parents = []
+    for i in range(KILL_ROUNDS):
+        due = base + timedelta(minutes=15 * i)
+        entry = ledger.ensure_entry(
+            task_key=TASK, trigger=Trigger.SCHEDULE, dedup_key=dedup_key_for_due(due)
+        )
+        assert ledger.claim(entry.id, f"run-{i}", lease_ttl=timedelta(minutes=5)).claimed
+        ledger.fail(entry.id, f"run-{i}", error="boom", retry_coming=False)
+        parents.append(entry.id)
+    who = ["--operator", "alice", "--reason", "kill test", "--json"]
+    lifetime = _lifetime(["runs", "retry", str(parents[0]), *who], env)
+    killed = 0
+    for parent_id in parents[1:]:
+        args = ["runs", "retry", str(parent_id), *who]
+        killed += _killed(args, env, rng.uniform(0, lifetime)) is None
+    for parent_id in parents:
+        parent = ledger.get(parent_id)
+        assert parent is not None
+        children = ledger.children(parent_id)
+        allowed = [
+            a
+            for a in ledger.audit_for(parent_id)
+            if a["action"] == "manual_retry" and str(a["outcome"]).startswith("allowed")
+        ]
+        stamped = parent.manual_retry_at is not None
+        assert (stamped, len(children), len(allowed)) in ((False, 0, 0), (True, 1, 1)), parent_id
+        if children:
+            assert allowed[0]["child_entry_id"] == children[0].id
+    assert killed > 0, "no retry was killed: the delays were all longer than the commands"
