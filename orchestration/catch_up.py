@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -107,11 +107,22 @@ def catch_up_step(
     has_run: bool,
     pause_reason: str | None,
     only: str | None,
+    unqueued_run: str | None = None,
 ) -> CatchUpStep:
     """The step for one due: ``entry`` its ledger entry (None: none), ``has_run`` a Dagster run
-    names it, ``pause_reason`` a pause covers it (None: none)."""
+    names it, ``pause_reason`` a pause covers it (None: none), ``unqueued_run`` its run that
+    Dagster created but never queued, long ago (None: none)."""
     missed_too = only in (None, ONLY_MISSED)
     failed_too = only in (None, ONLY_FAILED)
+    unstarted = entry is None or (entry.status == Status.QUEUED and not entry.run_ids)
+    if unqueued_run is not None and unstarted:
+        # A launcher killed between Dagster's two writes (the run created, not yet queued)
+        # leaves a run that never starts and stands for the due; it ran nothing.
+        why = (
+            f"its run {unqueued_run} was created but never queued (its launcher was killed): "
+            f"`dagster run delete {unqueued_run}`, then run this catch-up again"
+        )
+        return CatchUpStep(due, LEAVE, "unqueued", why, entry.id if entry else None)
     if entry is None:
         if has_run:
             return CatchUpStep(due, LEAVE, "queued", "a Dagster run exists for it (not started)")
@@ -168,9 +179,11 @@ def plan_catch_up(
     start: datetime,
     end: datetime,
     only: str | None,
+    unqueued: Mapping[datetime, str] | None = None,
 ) -> list[CatchUpStep]:
     """One step per due of ``view`` in ``[start, end)``, oldest first. ``with_runs``: the dues
-    Dagster has a run of (``dagster_runs.run_dues``, read by the caller)."""
+    Dagster has a run of (``missed_dues.run_dues``, read by the caller); ``unqueued``: those
+    whose run was created and never queued (``missed_dues.unqueued_runs``)."""
     key = view.spec.key
     dues = plan_dues(view.plan, view.slot_minutes, start, end)
     entries = ledger.due_entries(key, start, end)
@@ -185,6 +198,7 @@ def plan_catch_up(
                 has_run=due in with_runs,
                 pause_reason=pause.skip_reason if pause is not None else None,
                 only=only,
+                unqueued_run=(unqueued or {}).get(due),
             )
         )
     return steps

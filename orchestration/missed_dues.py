@@ -203,6 +203,30 @@ def run_dues(instance: dg.DagsterInstance, task_key: str, since: datetime) -> se
     return {d for d in dues if d is not None}
 
 
+def unqueued_runs(
+    instance: dg.DagsterInstance, task_key: str, since: datetime, before: datetime
+) -> dict[datetime, str]:
+    """The task's runs created in ``[since, before)`` that Dagster never queued (status
+    ``NOT_STARTED``), by due: what a launcher killed between creating a run and queueing it
+    leaves behind."""
+    import dagster as dg
+
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(
+            tags={t.TAG_TASK: task_key},
+            statuses=[dg.DagsterRunStatus.NOT_STARTED],
+            created_after=since,
+            created_before=before,
+        )
+    )
+    found: dict[datetime, str] = {}
+    for record in records:
+        due = _parse(record.dagster_run.tags.get(t.TAG_DUE))
+        if due is not None:
+            found[due] = record.dagster_run.run_id
+    return found
+
+
 def _parse(text: str | None) -> datetime | None:
     if not text:
         return None

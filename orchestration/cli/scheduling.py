@@ -268,9 +268,14 @@ def catch_up_cmd(
     missed due, a manual retry for each failed one (never a second entry for a due). Runs
     wait their turn whatever the overlap policy. At most 1,000 dues, 31 days back (exit 2)."""
     # Imported when this command runs, so the other commands do not load it.
-    from orchestration.catch_up import CatchUpResult, plan_catch_up, run_catch_up
+    from orchestration.catch_up import (
+        LAUNCH_CLAIM_TTL,
+        CatchUpResult,
+        plan_catch_up,
+        run_catch_up,
+    )
     from orchestration.declarations import task_registry
-    from orchestration.missed_dues import run_dues
+    from orchestration.missed_dues import run_dues, unqueued_runs
     from orchestration.services.launch import DagsterCliLauncher
     from orchestration.timetable import plan_dues
     from resources.core.arguments import check_reason
@@ -308,7 +313,11 @@ def catch_up_cmd(
     role = ROLE_VIEWER if dry_run else ROLE_RETRIER
     name = _acting(ledger, operator, "catch_up" if not dry_run else ACTION_CATCH_UP_PLAN, role)
     instance = dagster_instance()
-    steps = plan_catch_up(view, ledger, run_dues(instance, view.spec.key, low), low, high, only)
+    # A run created but never queued this long after its launch began stands for its due
+    # and never starts: the plan names it (its launcher was killed between the two writes).
+    unqueued = unqueued_runs(instance, view.spec.key, low, now - LAUNCH_CLAIM_TTL)
+    with_runs = run_dues(instance, view.spec.key, low)
+    steps = plan_catch_up(view, ledger, with_runs, low, high, only, unqueued)
     if not dry_run:
         steps = run_catch_up(
             view,

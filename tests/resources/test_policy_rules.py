@@ -149,6 +149,44 @@ def test_each_due_of_a_catch_up_gets_one_step(found, has_run, paused, only, acti
     assert step.action == action, step
 
 
+def test_a_due_whose_run_was_never_queued_is_named_with_the_command_that_frees_it() -> None:
+    fresh = entry(1, Status.QUEUED, trigger=Trigger.MANUAL, attempt=0)
+    for found in (None, fresh):
+        step = catch_up_step(
+            DUE, found, has_run=True, pause_reason=None, only=None, unqueued_run="run-x"
+        )
+        assert (step.action, step.status) == (LEAVE, "unqueued"), step
+        assert "`dagster run delete run-x`, then run this catch-up again" in step.note
+    # An entry its run claimed is that run's business, whatever else Dagster holds.
+    claimed = entry(1, Status.RUNNING, trigger=Trigger.MANUAL, run_ids=["run-y"])
+    step = catch_up_step(DUE, claimed, has_run=True, pause_reason=None, only=None, unqueued_run="x")
+    assert step.status != "unqueued"
+
+
+def test_unqueued_runs_are_the_tasks_runs_dagster_never_queued() -> None:
+    import dagster as dg
+
+    from orchestration.missed_dues import unqueued_runs
+
+    @dg.op
+    def nothing() -> None:
+        return None
+
+    @dg.job
+    def order_cleanup_job() -> None:
+        nothing()
+
+    tags = {t.TAG_TASK: "order_cleanup", t.TAG_DUE: Due(DUE).text}
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(job_def=order_cleanup_job, tags=tags)
+        other = instance.create_run_for_job(job_def=order_cleanup_job, tags={**tags, "x": "1"})
+        instance.report_run_canceled(other)  # ended: not unqueued
+        now = datetime.now(UTC)
+        window = (now - timedelta(hours=1), now + timedelta(minutes=1))
+        assert unqueued_runs(instance, "order_cleanup", *window) == {DUE: run.run_id}
+        assert unqueued_runs(instance, "order_cleanup", window[0], now - timedelta(minutes=5)) == {}
+
+
 def test_a_manual_run_naming_a_due_is_that_dues_run() -> None:
     tags = {t.TAG_TASK: "t", t.TAG_TRIGGER: Trigger.MANUAL.value, t.TAG_DUE: Due(DUE).text}
     request = entry_request_from_tags({**tags, t.TAG_OPERATOR: "alice"}, "run-1")
