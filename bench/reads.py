@@ -207,8 +207,8 @@ ZONED_TARGET_RATIO = 2.0
 
 def zoned_dues(env: dict[str, str], rounds: int, now: datetime) -> list[Row]:
     """`dueledger dues tick_every_minute` over 10 days (960 dues: a listing holds at most
-    1,000) with the rules read in Europe/Berlin
-    against the same in UTC, alternating: the DST rule's cost on top of the plain fires."""
+    1,000) with the rules read in Europe/Berlin against the same in UTC, alternating: the DST
+    rule's cost on top of the plain fires."""
     end = now.replace(hour=0, minute=0, second=0, microsecond=0)
     span = ["--from", (end - timedelta(days=10)).isoformat(), "--to", end.isoformat()]
     argv = [str(BIN / "dueledger"), "dues", "tick_every_minute", *span, "--json"]
