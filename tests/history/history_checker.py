@@ -327,7 +327,8 @@ def _dues(history: History) -> list[Violation]:
 # --- failed runs and summary -----------------------------------------------------------------
 
 
-def _mentioned_runs(entry: Mapping[str, Any]) -> set[str]:
+def mentioned_runs(entry: Mapping[str, Any]) -> set[str]:
+    """The runs an entry (its JSON) knows of: attempts, dispatch failures, rejections."""
     summary = entry.get("summary") or {}
     found = set(entry.get("run_ids") or [])
     for key in ("dispatch_failures", "late_job_rejections"):
@@ -335,12 +336,30 @@ def _mentioned_runs(entry: Mapping[str, Any]) -> set[str]:
     return found
 
 
+def failed_run(status: str | None, outcome: str | None) -> bool:
+    """A run that failed, not one the ledger refused (a refusal is not a failure)."""
+    return status in FAILURE_RUN_STATUSES and outcome != REFUSED
+
+
+def untraced_failed_runs(
+    runs: Iterable[tuple[str, str | None, str | None]], entries: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """Of ``runs`` (run id, status, ``dueledger/outcome``), the failed ones no entry (its
+    JSON) knows of yet: what a test waits for the outcome sensor to trace before it writes
+    the history ``failed_run_invisible`` is checked on."""
+    known = set().union(*(mentioned_runs(e) for e in entries))
+    return [
+        run_id
+        for run_id, status, outcome in runs
+        if failed_run(status, outcome) and run_id not in known
+    ]
+
+
 def _failed_runs(history: History) -> list[Violation]:
     found = []
-    mentioned = set().union(*(_mentioned_runs(e) for e in history.of("entry")))
+    mentioned = set().union(*(mentioned_runs(e) for e in history.of("entry")))
     for run in history.of("run"):
-        failed = run.get("status") in FAILURE_RUN_STATUSES and run.get("outcome") != REFUSED
-        if failed and run["run_id"] not in mentioned:
+        if failed_run(run.get("status"), run.get("outcome")) and run["run_id"] not in mentioned:
             found.append(
                 Violation(
                     "failed_run_invisible",
