@@ -190,15 +190,8 @@ def skip_at_tick(
         if existing is not None:
             found = entry_from_row(existing)
             return found if found.status == Status.SKIPPED else None
-        in_progress = conn.execute(
-            sa.select(entries.c.id)
-            .where(entries.c.task_key == spec.key, entries.c.status.in_(IN_PROGRESS))
-            .order_by(entries.c.id)
-        ).scalars()
-        waiter = lock["waiting_entry_id"]
-        until = from_db(lock["waiting_until"])
-        live = waiter if waiter is not None and until is not None and until > at else None
-        decision = decide_overlap(spec.overlap_policy, 0, [int(i) for i in in_progress], live)
+        in_progress, live = _busy(conn, spec.key, lock, at)
+        decision = decide_overlap(spec.overlap_policy, 0, in_progress, live)
         if decision.action is not OverlapAction.SKIP:
             return None
         entry, _ = ledger.record_skipped_due(
@@ -293,17 +286,8 @@ def claim_with_overlap(
         entry = ledger.load(conn, entry_id, lock=True)
         if entry.status not in CLAIMABLE_STATUSES or entry.attempt > 0:
             return _plain_claim(ledger, conn, entry, run_id, at, ttl)
-        in_progress = conn.execute(
-            sa.select(entries.c.id)
-            .where(entries.c.task_key == task_key, entries.c.status.in_(IN_PROGRESS))
-            .order_by(entries.c.id)
-        ).scalars()
-        waiter = lock["waiting_entry_id"]
-        until = from_db(lock["waiting_until"])
-        live = waiter if waiter is not None and until is not None and until > at else None
-        decision = decide_overlap(
-            policy, entry.id, [int(i) for i in in_progress], live, wait_turn=wait_turn
-        )
+        in_progress, live = _busy(conn, task_key, lock, at)
+        decision = decide_overlap(policy, entry.id, in_progress, live, wait_turn=wait_turn)
         if decision.action is OverlapAction.WAIT:
             if not wait_turn and (live is None or live == entry.id):
                 _set_waiter(conn, task_key, entry.id, run_id, at + wait_lease, at)
@@ -357,6 +341,22 @@ def _lock_task(conn: Connection, task_key: str, at: datetime) -> sa.RowMapping:
     conn.execute(insert, {"task_key": task_key, "updated_at": to_db(at, "now")})
     query = sa.select(task_locks).where(task_locks.c.task_key == task_key).with_for_update()
     return conn.execute(query).mappings().one()
+
+
+def _busy(
+    conn: Connection, task_key: str, lock: sa.RowMapping, at: datetime
+) -> tuple[list[int], int | None]:
+    """The task's entries in progress (oldest first) and its live waiter, read under its lock
+    row: what :func:`decide_overlap` is asked with, at the claim and at the tick."""
+    in_progress = conn.execute(
+        sa.select(entries.c.id)
+        .where(entries.c.task_key == task_key, entries.c.status.in_(IN_PROGRESS))
+        .order_by(entries.c.id)
+    ).scalars()
+    waiter = lock["waiting_entry_id"]
+    until = from_db(lock["waiting_until"])
+    live = waiter if waiter is not None and until is not None and until > at else None
+    return [int(i) for i in in_progress], live
 
 
 def _set_waiter(
