@@ -241,13 +241,21 @@ def liveness_cmd(max_age_seconds: str, alert: bool, as_json: bool) -> None:
         alerts = Alerts.from_settings(ledger, alert_settings, now=now, use_loggers=False)
         # The alerts it records and its audit record are one transaction.
         with ledger.transaction() as conn:
+            recorded: list[str] = []
             for check in report.checks:
                 if not check.fresh:
                     fields = {**check.as_json(), "max_age_seconds": int(max_age.total_seconds())}
                     subject = check_subject(check.name, check.observed_at)
-                    alerts.record(KIND_LIVENESS, subject, fields, connection=conn)
+                    if alerts.record(KIND_LIVENESS, subject, fields, connection=conn):
+                        recorded.append(subject)
             if grant is not None:
-                grant.audit(f"liveness alert: stale checks {list(report.stale)}", connection=conn)
+                # Names the alerts this probe recorded (an outage alerts once), so the
+                # record says which deliveries it started.
+                grant.audit(
+                    f"liveness alert: stale checks {list(report.stale)}; alerts recorded "
+                    f"{recorded}",
+                    connection=conn,
+                )
         attempts = alerts.deliver(retry=True)
     if as_json:
         data = report.as_json()

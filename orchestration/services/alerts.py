@@ -152,15 +152,16 @@ class Alerts:
         fields: Mapping[str, Any],
         *,
         connection: Connection | None = None,
-    ) -> None:
+    ) -> list[DeliveryRecord]:
         """Record the delivery of one alert (no line written): see :meth:`emit`; with
-        ``connection``, in that transaction."""
+        ``connection``, in that transaction. Returns the delivery rows this call inserted
+        (none when the alert was recorded before)."""
         self._say_config_error()
         channels = [c.name for c in self.channels if c.accepts(kind)]
         if not channels or self.ledger is None:
-            return
+            return []
         try:
-            self._new += self.ledger.record_alert(
+            inserted = self.ledger.record_alert(
                 channels=channels,
                 kind=kind,
                 subject=subject,
@@ -168,6 +169,8 @@ class Alerts:
                 now=self.now,
                 connection=connection,
             )
+            self._new += inserted
+            return inserted
         except Exception as exc:  # the alert line is out; delivery must not fail the caller
             self._say(
                 logging.ERROR,
@@ -178,6 +181,7 @@ class Alerts:
                     "error": _text(exc),
                 },
             )
+            return []
 
     # --- delivering -------------------------------------------------------------------------
 
