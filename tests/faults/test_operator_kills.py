@@ -284,3 +284,122 @@ def test_a_killed_retry_leaves_its_stamp_its_child_and_its_audit_together(
         if children:
             assert allowed[0]["child_entry_id"] == children[0].id
     assert killed > 0, "no retry was killed: the delays were all longer than the commands"
+
+
+def _manual_runs(env: dict[str, str]) -> dict[str, int]:
+    """Dagster runs per request id of the task's manual launches."""
+    import dagster as dg
+
+    from resources.core import tags as t
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+        with dg.DagsterInstance.get() as instance:
+            runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
+    counts: dict[str, int] = {}
+    for run in runs:
+        request = run.tags.get(t.TAG_REQUEST_ID)
+        if request is not None:
+            counts[request] = counts.get(request, 0) + 1
+    return counts
+
+
+def test_a_killed_launch_leaves_no_run_without_its_entry_and_its_repeat_launches_once(
+    env: dict[str, str], ledger: RunLedger, rng: random.Random
+) -> None:
+    # A manual launch's record is its entry: it names the operator and the reason in the
+    # insert that creates it, before Dagster is asked for a run. Killed at any instant, a
+    # launch leaves no run whose entry is missing; repeating its request id launches it
+    # once, whatever the killed one got done.
+    from resources.core.entry import dedup_key_for_request
+
+    def args(request: str) -> list[str]:
+        who = ["--operator", "alice", "--reason", "kill test"]
+        return ["launch", TASK, "--request-id", request, *who]
+
+    lifetime = _lifetime(args("kill-0"), env)
+    requests = [f"kill-{i}" for i in range(1, max(3, KILL_ROUNDS // 2) + 1)]
+    killed = 0
+    for request in requests:
+        killed += _killed(args(request), env, rng.uniform(0, lifetime)) is None
+        runs = _manual_runs(env)
+        entries = {
+            e.dedup_key: e
+            for e in ledger.list_entries(task_key=TASK, limit=500)[0]
+            if e.trigger == Trigger.MANUAL
+        }
+        for launched in runs:
+            entry = entries.get(dedup_key_for_request(launched))
+            assert entry is not None, f"request {launched} has a run and no entry"
+            assert (entry.operator, entry.reason) == ("alice", "kill test")
+    assert killed > 0, "no launch was killed: the delays were all longer than the commands"
+    for request in requests:  # each repeated to its end
+        assert _killed(args(request), env, 600) == 0
+    assert _manual_runs(env) == {request: 1 for request in ["kill-0", *requests]}
+
+
+def test_a_killed_liveness_alert_leaves_every_alert_it_recorded_with_its_audit(
+    env: dict[str, str], ledger: RunLedger, rng: random.Random, tmp_path: Path
+) -> None:
+    # With an allow-list, `liveness --alert` records each stale check's alert (once per
+    # outage) and its audit record, which names the alerts it recorded, in one
+    # transaction. Each round starts a new outage: a scheduled run of a later due that the
+    # scheduler then left alone, so the slot check goes stale on new evidence.
+    import re
+
+    import dagster as dg
+    from alert_sinks import WebhookSink, start
+
+    from resources.core import tags as t
+    from resources.core.alerting import ENV_WEBHOOK_URL, KIND_LIVENESS
+    from resources.core.settings import ENV_IDENTITY, ENV_OPERATORS
+
+    team = tmp_path / "operators.toml"
+    team.write_text('[operators]\nbob = ["retrier"]\n')
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=2)
+
+    def new_outage(number: int) -> None:
+        due = base + timedelta(minutes=15 * number)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+            with dg.DagsterInstance.get() as instance:
+                instance.add_run(
+                    dg.DagsterRun(
+                        job_name=f"{TASK}_job",
+                        run_id=f"outage-{number:04d}-0000-0000-000000000000",
+                        status=dg.DagsterRunStatus.SUCCESS,
+                        tags={
+                            t.TAG_TASK: TASK,
+                            t.TAG_TRIGGER: Trigger.SCHEDULE.value,
+                            t.TAG_DUE: format_due(due),
+                        },
+                    )
+                )
+
+    def recorded() -> tuple[list[str], list[str]]:
+        """Subjects of the liveness deliveries, and those the allowed audits name."""
+        delivered = [r.subject for r in ledger.list_alert_deliveries(kind=KIND_LIVENESS)]
+        named = [
+            subject
+            for a in _audits(ledger, "liveness_alert")
+            for subject in re.findall(r"check:\w+@[\w:-]+", a["outcome"].split("recorded")[-1])
+        ]
+        return sorted(delivered), sorted(named)
+
+    with start(WebhookSink()) as sink:
+        env = {**env, ENV_OPERATORS: str(team), ENV_IDENTITY: "bob", ENV_WEBHOOK_URL: sink.url()}
+        args = ["liveness", "--alert", "--json"]
+        new_outage(0)
+        lifetime = _lifetime(args, env)
+        killed = 0
+        for number in range(1, KILL_ROUNDS + 1):
+            new_outage(number)
+            killed += _killed(args, env, rng.uniform(0, lifetime)) is None
+            delivered, named = recorded()
+            assert delivered == named
+        assert killed > 0, "no probe was killed: the delays were all longer than the commands"
+        assert _killed(args, env, 600) == 1  # to its end: stale, the last outage recorded
+        delivered, named = recorded()
+        assert delivered == named
+        last_due = format_due(base + timedelta(minutes=15 * KILL_ROUNDS))
+        assert f"check:slot_evaluation@{last_due}" in delivered
