@@ -3,8 +3,9 @@
 A task like any other (declared in defs.yaml beside this file, so a late or duplicate run does
 nothing); its body computes
 ``orchestration.services.summary.ledger_summary`` as of the run's due and reports it as
-metadata: first ``latest_dues``, a Markdown table of each task's latest due (status, lag, a
-link to its runs, what to run next: ``orchestration/services/health_page.py``), then the
+metadata: first ``latest_dues`` and one line per task (``task KEY``) with its latest due
+(status, lag, a link to its runs, its next due, what to run next:
+``orchestration/services/health_page.py``), then the
 summary numbers, a per-task table and a Markdown report, so the Dagster UI shows the
 ledger's health next to the assets.
 
@@ -20,7 +21,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.declarations import task_views
-from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
+from orchestration.services.health_page import latest_due_rows, latest_dues_metadata
 from orchestration.services.summary import (
     ATTENTION_COLUMNS,
     SUMMARY_TOTALS,
@@ -36,9 +37,12 @@ def ledger_health(context: dg.AssetExecutionContext, run: TaskRun, ledger: RunLe
     views = task_views()
     summary = ledger_summary(ledger, views, run.as_of, instance=context.instance)
     latest = latest_due_rows(ledger, views, run.as_of, instance=context.instance)
-    # The table a person reads first (the UI lists metadata in this order).
-    page = dg.MetadataValue.md(latest_dues_markdown(latest, summary["as_of"]))
-    metadata = {"latest_dues": page, **summary_metadata(summary), "ledger_entry": run.entry.id}
+    # The rows a person reads first (the UI lists metadata in this order).
+    metadata = {
+        **latest_dues_metadata(latest, summary["as_of"]),
+        **summary_metadata(summary),
+        "ledger_entry": run.entry.id,
+    }
     yield dg.MaterializeResult(metadata=metadata)
 
 

@@ -25,8 +25,8 @@ from resources.ledger import Ledger
 if TYPE_CHECKING:
     import dagster as dg
 
-#: What a person looks at first comes first: the UI shows the table in a narrow column.
-COLUMNS: Final = ("task", "status", "lag", "runs", "latest due", "next due", "next")
+#: The first metadata key of ``ledger_health``: what the per-task rows after it say.
+LATEST_DUES: Final = "latest_dues"
 #: The check's state in words, where the due has no entry to show the status of.
 _STATE_WORDS: Final = {
     acc.STATE_NO_DUE: "no due yet",
@@ -99,28 +99,50 @@ def _lag(seconds: int | None) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def latest_dues_markdown(rows: Sequence[Mapping[str, Any]], as_of: str) -> str:
-    """The rows as a Markdown table (failing tasks first, then in registry order)."""
-    lines = [
-        f"### Latest due of each task, as of {as_of}",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
+def latest_dues_metadata(rows: Sequence[Mapping[str, Any]], as_of: str) -> dict[str, Any]:
+    """The rows as asset metadata, in the order the UI lists them: ``latest_dues`` (as of
+    when), then one entry per task labelled ``task KEY`` whose value is its row as a few short
+    lines of Markdown (failing tasks first, then in registry order).
+
+    One value per task, not one Markdown table: the Dagster UI shows a Markdown value inline
+    only while it is under 1,000 characters (else behind "[Show Markdown]"), and a table of
+    eleven tasks with their links is longer than that; a Table value has no links. The UI
+    does not wrap a value's lines (a long one scrolls out of sight), so each line is short.
+    """
+    import dagster as dg
+
+    metadata: dict[str, Any] = {LATEST_DUES: dg.MetadataValue.text(f"as of {as_of}, failing first")}
     for row in sorted(rows, key=lambda r: r["passed"]):
-        mark = "" if row["passed"] else "**FAILING** "
-        if row["runs_path"]:
-            runs = f"[entry {row['entry_id']}]({row['runs_path']})"
-        else:
-            runs = f"entry {row['entry_id']} (no run)" if row["entry_id"] is not None else ""
-        step = str(row["next"]).replace("|", "\\|")
-        cells = [
-            row["task"],
-            mark + row["status"],
-            _lag(row["lag_seconds"]),
-            runs,
-            row["due"] or "",
-            row["next_due"],
-        ]
-        lines.append("| " + " | ".join([*cells, step]) + " |")
-    return "\n".join(lines)
+        metadata[task_label(row["task"])] = dg.MetadataValue.md(latest_due_lines(row))
+    return metadata
+
+
+def task_label(task: str) -> str:
+    """The metadata label of a task's row."""
+    return f"task {task}"
+
+
+def latest_due_lines(row: Mapping[str, Any]) -> str:
+    """One task's row as up to three lines of Markdown, the empty parts left out::
+
+    **FAILING** failed · 1 min 15 s late · [entry 7](/runs?...)
+    due 2026-11-30T22:45:00Z · next due 2026-11-30T23:15:00Z
+    next: `dueledger runs retry 7 --operator NAME --reason TEXT`
+    """
+    mark = "" if row["passed"] else "**FAILING** "
+    if row["runs_path"]:
+        runs = f"[entry {row['entry_id']}]({row['runs_path']})"
+    else:
+        runs = f"entry {row['entry_id']} (no run)" if row["entry_id"] is not None else ""
+    lag = _lag(row["lag_seconds"])
+    lines = [
+        [mark + row["status"], f"{lag} late" if lag else "", runs],
+        [
+            f"due {row['due']}" if row["due"] else "",
+            f"next due {row['next_due']}" if row["next_due"] else "",
+        ],
+        [f"next: {row['next']}" if row["next"] else ""],
+    ]
+    joined = (" · ".join(part for part in line if part) for line in lines)
+    # Two trailing spaces: a Markdown hard line break.
+    return "  \n".join(line for line in joined if line)

@@ -12,7 +12,11 @@ from sensor_support import fixture_module
 
 from orchestration.reclaim import reclaim_expired
 from orchestration.services import accounting as acc
-from orchestration.services.health_page import latest_due_rows, latest_dues_markdown
+from orchestration.services.health_page import (
+    latest_due_lines,
+    latest_due_rows,
+    latest_dues_metadata,
+)
 from resources.core import tags as t
 from resources.core.entry import Trigger, dedup_key_for_due
 from resources.ledger import RunLedger
@@ -56,13 +60,12 @@ def test_a_failed_latest_due_is_a_failing_row_with_its_runs_link_and_the_retry_t
     assert row["runs_path"] == t.entry_runs_path(entry.id)
     assert f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT`" in row["next"]
     assert "--acknowledge-side-effects" not in row["next"]
-    page = latest_dues_markdown([row], "2026-11-30T23:05:00Z")
-    assert "| task | status | lag | runs | latest due | next due | next |" in page
-    assert (
-        f"| strict_task | **FAILING** failed | 1 min 15 s | "
-        f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id}) | "
-        f"2026-11-30T22:45:00Z | 2026-11-30T23:15:00Z | "
-    ) in page
+    assert latest_due_lines(row).split("  \n") == [
+        f"**FAILING** failed · 1 min 15 s late · "
+        f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id})",
+        "due 2026-11-30T22:45:00Z · next due 2026-11-30T23:15:00Z",
+        f"next: {row['next']}",
+    ]
     # The check's description names the same next step.
     account = acc.account_latest_due(views()[0], ledger, NOW)
     assert account.detail.endswith(f"next: {row['next']}")
@@ -97,10 +100,10 @@ def test_success_and_missed_rows_say_what_to_look_at(ledger):
     (row,) = latest_due_rows(ledger, views(), NOW)
     assert (row["status"], row["passed"], row["lag_seconds"]) == ("success", True, 0)
     assert row["next"] == ""  # nothing to do; the check's description still names the entry
-    page = latest_dues_markdown([row], "x")
-    assert "**FAILING**" not in page and "| 0 s |" in page
-    late = latest_dues_markdown([{**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58}], "x")
-    assert "| 13 h 21 min |" in late
+    line = latest_due_lines(row)
+    assert line.startswith("success · 0 s late · [entry ") and "next:" not in line
+    late = latest_due_lines({**row, "lag_seconds": 13 * 3600 + 21 * 60 + 58})
+    assert " · 13 h 21 min late · " in late
 
 
 def test_a_skipped_due_has_no_link_to_an_empty_run_list(ledger):
@@ -109,7 +112,7 @@ def test_a_skipped_due_has_no_link_to_an_empty_run_list(ledger):
     )
     (row,) = latest_due_rows(ledger, views(), NOW)
     assert (row["status"], row["entry_id"], row["runs_path"]) == ("skipped", entry.id, None)
-    assert f"| entry {entry.id} (no run) |" in latest_dues_markdown([row], "x")
+    assert latest_due_lines(row).startswith(f"**FAILING** skipped · entry {entry.id} (no run)  \n")
 
 
 def test_the_next_due_is_the_one_dueledger_dues_lists_with_the_pause_that_holds_it(ledger):
@@ -124,3 +127,22 @@ def test_the_next_due_is_the_one_dueledger_dues_lists_with_the_pause_that_holds_
     # A later page (each materialization, every slot) shows the due after that one.
     (row,) = latest_due_rows(ledger, views(), NOW + SLOT)
     assert row["next_due"].startswith("2026-11-30T23:30:00Z")
+
+
+def test_each_task_is_one_inline_line_failing_first_after_what_the_lines_say(ledger):
+    # The Dagster UI shows a Markdown value inline only under 1,000 characters: one value
+    # per task stays inline however many tasks there are; one table of them did not.
+    entry = scheduled(ledger, LATEST)
+    ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=LATEST)
+    ledger.fail(entry.id, "run-1", error="boom", now=LATEST + timedelta(seconds=5))
+    (failing,) = latest_due_rows(ledger, views(), NOW)
+    fine = [
+        {**failing, "task": f"task_{i}", "passed": True, "status": "success", "next": ""}
+        for i in range(30)
+    ]
+    metadata = latest_dues_metadata([*fine, failing], "2026-11-30T23:05:00Z")
+    labels = list(metadata)
+    assert labels[:2] == ["latest_dues", "task strict_task"]
+    assert labels[2:] == [f"task task_{i}" for i in range(30)]
+    assert metadata["latest_dues"].value == "as of 2026-11-30T23:05:00Z, failing first"
+    assert all(len(value.value) < 1000 for value in list(metadata.values())[1:])
