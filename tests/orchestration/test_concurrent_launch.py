@@ -1,8 +1,11 @@
-"""Racing `dueledger launch` processes on a fresh DAGSTER_HOME: one run, no broken storage.
+"""Racing `dueledger launch` processes on a fresh DAGSTER_HOME: one run, no broken storage,
+on a SQLite and a PostgreSQL ledger.
 
 Dagster's SQLite storage creates its tables and Alembic stamp on first use; processes doing
 that at once left two Alembic heads in runs.db and every later command failed. The console
-script is run as users run it, several at once, with one request id.
+script is run as users run it, several at once, with one request id: exactly one racer
+creates the run and the entry (``"existing": false``); a request id is the launch's
+idempotency key, so the others return that run (exit 0, ``"existing": true``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,8 @@ RACERS = 4
 
 
 @pytest.mark.slow
-def test_racing_launches_on_a_fresh_home_make_one_run(tmp_path: Path) -> None:
+def test_racing_launches_on_a_fresh_home_make_one_run(tmp_path: Path, ledger_url: str) -> None:
     home = tmp_path / "home"  # does not exist yet: the racers create it
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
