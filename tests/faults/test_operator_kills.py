@@ -142,8 +142,8 @@ def _dues_between(start: datetime, end: datetime) -> list[datetime]:
     return plan_dues(view.plan, view.slot_minutes, start, end)
 
 
-def _catch_up_runs(env: dict[str, str]) -> dict[str, int]:
-    """Dagster runs per due of the task's manual (catch-up) runs."""
+def _task_runs(env: dict[str, str]) -> list:
+    """The task's Dagster runs in the test's DAGSTER_HOME."""
     import dagster as dg
 
     from resources.core import tags as t
@@ -151,12 +151,25 @@ def _catch_up_runs(env: dict[str, str]) -> dict[str, int]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
         with dg.DagsterInstance.get() as instance:
-            runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
+            return list(instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK})))
+
+
+def _count_by(runs: list, tag: str) -> dict[str, int]:
+    """How many of ``runs`` carry each value of ``tag`` (runs without it left out)."""
     counts: dict[str, int] = {}
     for run in runs:
-        if run.tags.get(t.TAG_TRIGGER) == Trigger.MANUAL:
-            counts[run.tags[t.TAG_DUE]] = counts.get(run.tags[t.TAG_DUE], 0) + 1
+        value = run.tags.get(tag)
+        if value is not None:
+            counts[value] = counts.get(value, 0) + 1
     return counts
+
+
+def _catch_up_runs(env: dict[str, str]) -> dict[str, int]:
+    """Dagster runs per due of the task's manual (catch-up) runs."""
+    from resources.core import tags as t
+
+    manual = [r for r in _task_runs(env) if r.tags.get(t.TAG_TRIGGER) == Trigger.MANUAL]
+    return _count_by(manual, t.TAG_DUE)
 
 
 def _children(pid: int) -> list[int]:
@@ -288,20 +301,9 @@ def test_a_killed_retry_leaves_its_stamp_its_child_and_its_audit_together(
 
 def _manual_runs(env: dict[str, str]) -> dict[str, int]:
     """Dagster runs per request id of the task's manual launches."""
-    import dagster as dg
-
     from resources.core import tags as t
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-        with dg.DagsterInstance.get() as instance:
-            runs = instance.get_runs(dg.RunsFilter(tags={t.TAG_TASK: TASK}))
-    counts: dict[str, int] = {}
-    for run in runs:
-        request = run.tags.get(t.TAG_REQUEST_ID)
-        if request is not None:
-            counts[request] = counts.get(request, 0) + 1
-    return counts
+    return _count_by(_task_runs(env), t.TAG_REQUEST_ID)
 
 
 def test_a_killed_launch_leaves_no_run_without_its_entry_and_its_repeat_launches_once(
