@@ -10,6 +10,7 @@ filtered on ``dueledger/entry=N``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -123,11 +124,15 @@ def task_label(task: str) -> str:
 
 
 def latest_due_lines(row: Mapping[str, Any]) -> str:
-    """One task's row as up to three lines of Markdown, the empty parts left out::
+    """One task's row as a few short lines of Markdown, the empty parts left out::
 
     **FAILING** failed · 1 min 15 s late · [entry 7](/runs?...)
     due 2026-11-30T22:45:00Z · next due 2026-11-30T23:15:00Z
-    next: `dueledger runs retry 7 --operator NAME --reason TEXT`
+    next: `dueledger runs show 7`, then once:
+    `dueledger runs retry 7 --operator NAME --reason TEXT`
+
+    The next step's second command starts a line of its own: the UI does not wrap a value's
+    lines, and the two commands on one line ran past a 1600-pixel window.
     """
     mark = "" if row["passed"] else "**FAILING** "
     if row["runs_path"]:
@@ -141,8 +146,25 @@ def latest_due_lines(row: Mapping[str, Any]) -> str:
             f"due {row['due']}" if row["due"] else "",
             f"next due {row['next_due']}" if row["next_due"] else "",
         ],
-        [f"next: {row['next']}" if row["next"] else ""],
     ]
-    joined = (" · ".join(part for part in line if part) for line in lines)
+    joined = [" · ".join(part for part in line if part) for line in lines]
+    if row["next"]:
+        joined += _command_lines(f"next: {row['next']}")
     # Two trailing spaces: a Markdown hard line break.
     return "  \n".join(line for line in joined if line)
+
+
+def _command_lines(text: str) -> list[str]:
+    """``text`` broken before each code span that follows another one on its line (a code
+    span is never broken: it is a command to copy whole)."""
+    lines = [""]
+    has_code = False
+    for part in re.split(r"(`[^`]*`)", text):
+        is_code = part.startswith("`")
+        if is_code and has_code:
+            lines[-1] = lines[-1].rstrip()
+            lines.append("")
+            has_code = False
+        lines[-1] += part
+        has_code = has_code or is_code
+    return [line.strip() for line in lines if line.strip()]

@@ -144,7 +144,16 @@ def test_a_daemon_crash_at_each_point_then_resume_executes_the_due_once(
     _assert_executed_once(harness)
 
 
-def test_two_daemons_evaluating_the_same_due_execute_it_once(harness: Harness) -> None:
+#: Dagster's own refusal to launch a run that is no longer NOT_STARTED (``launch_run``'s
+#: check): the second daemon found the run the first one created, and the first launched it
+#: meanwhile. Two scheduler daemons on one instance are not a setup Dagster supports; that it
+#: refuses the second launch is what keeps the run to one execution there.
+ALREADY_LAUNCHED = "expected NOT_STARTED or STARTING"
+
+
+def test_two_daemons_evaluating_the_same_due_execute_it_once(
+    harness: Harness, capfd: pytest.CaptureFixture[str]
+) -> None:
     when = DUE + timedelta(seconds=5)
     codes: list[int] = []
     start = threading.Barrier(2)
@@ -158,7 +167,13 @@ def test_two_daemons_evaluating_the_same_due_execute_it_once(harness: Harness) -
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(codes) == [0, 0]
+    # Both ticks succeed, or -- when one daemon found the other's run just before that one
+    # launched it (a window the load of a full suite opens) -- Dagster refuses the late
+    # launch and that tick fails; never two executions (below).
+    assert sorted(codes) in ([0, 0], [0, 1]), codes
+    if codes.count(1):
+        err = capfd.readouterr().err
+        assert ALREADY_LAUNCHED in err, err[-4000:]
 
     runs = harness.runs()
     assert 1 <= len(runs) <= 2, "at most one Dagster run per daemon"

@@ -5,6 +5,7 @@ link of its entry; the next command fits the state."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -64,7 +65,8 @@ def test_a_failed_latest_due_is_a_failing_row_with_its_runs_link_and_the_retry_t
         f"**FAILING** failed · 1 min 15 s late · "
         f"[entry {entry.id}](/runs?q%5B0%5D=tag%3Adueledger%2Fentry%3D{entry.id})",
         "due 2026-11-30T22:45:00Z · next due 2026-11-30T23:15:00Z",
-        f"next: {row['next']}",
+        f"next: `dueledger runs show {entry.id}`, then once:",
+        f"`dueledger runs retry {entry.id} --operator NAME --reason TEXT`",
     ]
     # The check's description names the same next step.
     account = acc.account_latest_due(views()[0], ledger, NOW)
@@ -146,3 +148,46 @@ def test_each_task_is_one_inline_line_failing_first_after_what_the_lines_say(led
     assert labels[2:] == [f"task task_{i}" for i in range(30)]
     assert metadata["latest_dues"].value == "as of 2026-11-30T23:05:00Z, failing first"
     assert all(len(value.value) < 1000 for value in list(metadata.values())[1:])
+
+
+#: Characters of a line the UI shows whole in a 1600-pixel window: ``ledger_health``'s values
+#: start about 880 px in, at about 8.1 px per monospace character (measured in the browser
+#: test, which checks the pixels themselves).
+VISIBLE_CHARS = 88
+
+
+STATES = sorted(v for k, v in vars(acc).items() if k.startswith("STATE_"))
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("status", ["failed", "dispatch_failed"])
+def test_every_next_step_is_lines_the_ui_shows_whole_each_command_unbroken(ledger, state, status):
+    entry = scheduled(ledger, LATEST)
+    ledger.claim(entry.id, "run-1", lease_ttl=TTL, now=LATEST)
+    ledger.fail(entry.id, "run-1", error="boom", now=LATEST + timedelta(seconds=5))
+    entry = ledger.get(entry.id)
+    entry = dataclasses.replace(entry, id=9999, status=status)
+    task = "service_lifecycle_maintenance"  # the longest key of the platform's tasks
+    step = acc.next_step(state, task, entry)
+    row = {
+        "task": task,
+        "due": "2026-11-30T22:45:00Z",
+        "passed": False,
+        "status": status,
+        "entry_id": 9999,
+        "lag_seconds": 5,
+        "runs_path": t.entry_runs_path(9999),
+        "next_due": "2026-11-30T23:15:00Z",
+        "next": step,
+    }
+    lines = latest_due_lines(row).split("  \n")
+    next_lines = lines[2:]
+    if not step:  # a state that asks nothing of anyone has no next line
+        assert next_lines == []
+        return
+    assert next_lines[0].startswith("next: ")
+    shown = [line.replace("`", "") for line in next_lines]
+    assert all(len(line) <= VISIBLE_CHARS for line in shown), shown
+    # Nothing lost, and no command cut: the lines joined are the step, each code span whole.
+    assert " ".join(next_lines) == f"next: {step}"
+    assert all(line.count("`") % 2 == 0 for line in next_lines)
