@@ -13,7 +13,7 @@ What it does, in one run, per backend (SQLite file, throwaway PostgreSQL):
    fixed instant just after the newest generated entry.
 2. Per repeat, with the expired entries reset to ``running`` first (untimed):
    - **scan**: ``reclaim_expired(ledger, now=..., dry_run=True)`` -- the listing behind
-     ``dueledger reclaim --dry-run`` and the first step of ``lease_reclaim_sensor`` -- against
+     ``dueledger reclaim --dry-run`` and the first step of ``ledger_sensor`` (reclaim) -- against
      the **baseline**: a plain SELECT of the same rows on the same index
      (``status = 'running' AND lease_expires_at < now ORDER BY lease_expires_at, id``),
      through SQLAlchemy Core, fetched as tuples. Target: scan <= 50 ms.

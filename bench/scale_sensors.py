@@ -1,10 +1,11 @@
-"""The ledger sensors' tick against the ledger's size: ``bench/scale.py``'s O(changes) rows.
+"""The ledger sensor's duties against the ledger's size: ``bench/scale.py``'s O(changes) rows.
 
 For each size (10,000 and 100,000 entries by default) a ledger is bulk-loaded with a year of
 history (``bench/ledger_queries.py``'s builder, every entry settled: success, failed,
 dispatch_failed), then each round makes the same few changes in a new slot and times one
-tick of each sensor, evaluated as Dagster evaluates it (its function, the real ``RunLedger``
-resource, a real Dagster instance):
+tick of each duty of ``ledger_sensor``, built as a sensor of its own (named below) and
+evaluated as Dagster evaluates it (its function, the real ``RunLedger`` resource, a real
+Dagster instance):
 
 - ``ledger_outcome_sensor``: ``CHANGES`` task runs Dagster ended FAILURE since its cursor
   (each becomes its entry's dispatch failure);
@@ -43,7 +44,10 @@ from resources.core.due import Due
 from resources.core.entry import FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 from resources.ledger.schema import entries
-from sensors import build_sensors
+from sensors.health import build_slot_health_sensor
+from sensors.outcomes import build_outcome_sensor
+from sensors.reclaim import build_reclaim_sensor
+from sensors.redispatch import build_redispatch_sensor
 
 CHANGES = 10
 SLOT_MINUTES = 15
@@ -129,7 +133,18 @@ def measure_size(url: str, n: int, rounds: int, log: Callable[[str], None]) -> S
     ledger = RunLedger(database_url=url)
     views = _views()
     clock: list[datetime] = [after]
-    sensors = {s.name: s for s in build_sensors(views, clock=lambda: clock[0])}
+
+    def now() -> datetime:
+        return clock[0]
+
+    # Each duty of ledger_sensor as a sensor of its own, so each is timed alone.
+    built = (
+        build_outcome_sensor(views, clock=now),
+        build_reclaim_sensor(clock=now),
+        build_redispatch_sensor(views, clock=now),
+        build_slot_health_sensor(views, clock=now),
+    )
+    sensors = {s.name: s for s in built}
     result = SizeResult(n, {name: [] for name in (*SENSOR_NAMES, SCAN)})
     cursors: dict[str, str | None] = {}
     engine = ledger._get_engine()  # the resource's own engine, as the sensors use it

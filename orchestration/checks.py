@@ -3,7 +3,7 @@
 (orchestration/services/ledger_checks.py), evaluated the same way.
 
 The check is evaluated from the ledger, never by running the task
-(orchestration/services/accounting.py): ``slot_health_sensor`` reports it at a slot's start
+(orchestration/services/accounting.py): ``ledger_sensor`` (slot health) reports it at a slot's start
 for every task whose latest due moved, whose entry changed or whose last evaluation was not
 settled (sensors/health.py), and
 "Execute" on the check in the Catalog evaluates it on demand (a small run of the check
@@ -34,11 +34,11 @@ from resources.ledger import RunLedger
 _LEDGER_CHECK_DESCRIPTIONS = {
     CHECK_NO_STALE_LEASES: (
         "Passes when no running ledger entry has an expired lease; fails naming the entries "
-        "lease_reclaim_sensor has not reclaimed (WARN within 3 minutes of the expiry)."
+        "ledger_sensor (reclaim) has not reclaimed (WARN within 3 minutes of the expiry)."
     ),
     CHECK_NO_LOST_RETRIES: (
         "Passes when no retrying entry waits for a Dagster retry that will never come; fails "
-        "naming the entries ledger_outcome_sensor has not settled."
+        "naming the entries ledger_sensor (outcomes) has not settled."
     ),
     CHECK_NO_UNLEDGERED_FAILED_RUNS: (
         "Passes when every task run Dagster ended FAILURE or CANCELED in the last 24 h is in "
@@ -66,7 +66,8 @@ def build_task_checks(views: Sequence[TaskView]) -> list[dg.AssetChecksDefinitio
             description=(
                 f"Passes when {view.spec.key}'s latest due whose slot is over succeeded (or is "
                 f"still running with a live lease); fails naming why not. Evaluated from the "
-                f"ledger each slot by slot_health_sensor; executing it never runs the task."
+                f"ledger each slot by ledger_sensor (slot health); executing it never runs the "
+                f"task."
             ),
         )
         for key, view in by_asset.items()
@@ -110,7 +111,7 @@ def _ledger_check(asset: str, name: str, views: Sequence[TaskView]) -> dg.AssetC
         blocking=False,
         description=(
             f"{_LEDGER_CHECK_DESCRIPTIONS[name]} Evaluated from the ledger and Dagster's run "
-            f"records each slot by slot_health_sensor; executing it never runs a task."
+            f"records each slot by ledger_sensor (slot health); executing it never runs a task."
         ),
     )
     def _check(context: dg.AssetCheckExecutionContext, ledger: RunLedger) -> dg.AssetCheckResult:

@@ -6,7 +6,7 @@ then. A due not run on purpose (``skipped``, or inside a pause before the sweep 
 a due from before the task's schedule first ran here are not judged. Like Airflow 3's
 Deadline Alerts (reference: the due; interval: the deadline), a miss is audited once and
 raises one ``deadline_missed`` alert (:func:`record_deadline_misses`, each tick of
-``ledger_policy_sensor``); it also fails the task's ``latest_due_accounted_for`` check naming
+``ledger_sensor`` (policies)); it also fails the task's ``latest_due_accounted_for`` check naming
 the entry, and `dueledger summary` counts ``deadline_missed_24h``. Dagster-free.
 """
 

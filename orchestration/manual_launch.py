@@ -14,7 +14,7 @@ declared ``manual_trigger: false`` runs only what dueledger issued (:func:`uniss
 derived from (task, request id), so Dagster's own unique run id makes "the same request
 twice" one run even when two launches race. A request whose entry is ``dispatch_failed`` --
 its launch failed, or its run ended before claiming the entry (canceled in the queue;
-``ledger_outcome_sensor`` records it) -- is re-dispatched when it is launched again:
+``ledger_sensor`` (outcomes) records it) -- is re-dispatched when it is launched again:
 ``dispatch_failed -> queued`` with the earlier errors kept (ledger rule 5), under the run id of
 its next dispatch. Dagster-free: the instance is only asked for runs.
 """
@@ -427,7 +427,7 @@ def latest_dispatch(
 
 def _needs_redispatch(ledger: Ledger, run: dg.DagsterRun, task_key: str, request_id: str) -> bool:
     """The request's newest run has ended and its entry is ``dispatch_failed``: the run never
-    claimed it (ledger_outcome_sensor recorded that), so nothing of it ran."""
+    claimed it (ledger_sensor (outcomes) recorded that), so nothing of it ran."""
     if not run.is_finished:
         return False
     entry = ledger.find(task_key, dedup_key_for_request(request_id))

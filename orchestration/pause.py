@@ -6,9 +6,9 @@ was paused, by whom and why stays answerable. Three sources open one:
 
 - ``cli``: `dueledger pause TASK --reason` (closed by `dueledger resume`);
 - ``schedule_stopped``: the task's schedule stopped in the Dagster UI, as mirrored each tick
-  of ``ledger_policy_sensor`` (:func:`sync_schedules`);
+  of ``ledger_sensor`` (policies) (:func:`sync_schedules`);
 - ``pause_after_failures``: the task's last N finished entries failed
-  (:func:`pause_after_failures`, ``ledger_policy_sensor``; closed by `dueledger resume`).
+  (:func:`pause_after_failures`, ``ledger_sensor`` (policies); closed by `dueledger resume`).
 
 **One pause, seen from both sides.** Whatever opened it, `dueledger resume` closes it, and so
 does starting the schedule in the UI (a start later than the pause ends it, by

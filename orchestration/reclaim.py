@@ -16,7 +16,7 @@
   failure (``dispatch_failed``, kind ``dispatch``) naming the command that re-dispatches it.
   It never launches a run itself: an operator asked for that run, and asks again.
 
-Both run on every tick of ``lease_reclaim_sensor`` and in `dueledger reclaim` (deployments
+Both run on every tick of ``ledger_sensor`` (reclaim) and in `dueledger reclaim` (deployments
 without the daemon). Dagster-free.
 """
 

@@ -49,7 +49,7 @@ from resources.core.due import floor_to_slot, format_due
 from resources.core.entry import SUMMARY_DISPATCH_FAILURES, Entry, FailureKind, Status
 from resources.core.instants import Clock, iso, utc_now
 from resources.ledger import RunLedger
-from sensors.support import ledger_sensor
+from sensors.support import Duty, DutyContext, duty_sensor
 
 # --- slot health -----------------------------------------------------------------------------
 
@@ -252,25 +252,25 @@ def checks_to_evaluate(
 def build_slot_health_sensor(
     views: Sequence[TaskView], *, clock: Clock = utc_now, minimum_interval_seconds: int = 60
 ) -> dg.SensorDefinition:
-    """``slot_health_sensor``: once per slot, one structured warning when anything is wrong.
+    """``slot_health_sensor``: the slot health duty alone, as a sensor of its own."""
+    return duty_sensor(
+        "slot_health_sensor",
+        slot_health_duty(views),
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+    )
+
+
+def slot_health_duty(views: Sequence[TaskView]) -> Duty:
+    """Slot health: once per slot, one structured warning when anything is wrong, and the
+    checks' evaluations.
 
     The cursor remembers the slot last evaluated and when; the next evaluation in a new slot
     covers everything since. The first evaluation ever looks back one audit window.
     """
     slot_minutes = views[0].slot_minutes if views else 15
 
-    @ledger_sensor(
-        "slot_health_sensor",
-        clock=clock,
-        minimum_interval_seconds=minimum_interval_seconds,
-        description=(
-            "Once per slot: one structured warning listing lease reclaims, dispatch failures, "
-            "missed dues and queue backlog since the previous slot; silent when healthy."
-        ),
-    )
-    def slot_health_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
-    ) -> dg.SensorResult:
+    def evaluate_slot(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SensorResult:
         slot = floor_to_slot(now, slot_minutes)
         previous = _slot_cursor(context.cursor)
         if previous.slot is not None and previous.slot >= slot:
@@ -314,7 +314,13 @@ def build_slot_health_sensor(
             asset_events=checks,
         )
 
-    return slot_health_sensor
+    return Duty(
+        "slot_health",
+        evaluate_slot,
+        "Once per slot: one structured warning listing lease reclaims, dispatch failures, "
+        "missed dues and queue backlog since the previous slot (silent when healthy), and "
+        "the checks' evaluations, again whenever an entry settles.",
+    )
 
 
 #: How far back a tick between slot starts reads again before the previous tick: a write
@@ -324,7 +330,7 @@ RESEEN: timedelta = timedelta(seconds=10)
 
 
 def _report_settled_since(
-    context: dg.SensorEvaluationContext,
+    context: DutyContext,
     ledger: RunLedger,
     views: Sequence[TaskView],
     previous: _Cursor,

@@ -1,4 +1,5 @@
-"""``ledger_outcome_sensor``: the ledger learns what Dagster knows of task runs. Entries follow
+"""The outcomes duty (``outcome_duty``; alone, ``ledger_outcome_sensor``): the ledger learns
+what Dagster knows of task runs. Entries follow
 the runs Dagster ended FAILURE or CANCELED without the run recording its outcome, and entries
 left ``retrying`` for a retry that will not come are settled (the decision and its writes:
 ``orchestration/services/outcomes.py``). Launches nothing.
@@ -17,28 +18,14 @@ from orchestration.task_spec import TaskView
 from resources.core.alerting import entry_subject
 from resources.core.instants import Clock, utc_now
 from resources.ledger import RunLedger
-from sensors.support import ledger_sensor
+from sensors.support import Duty, DutyContext, duty_sensor
 
 
-def build_outcome_sensor(
-    views: Sequence[TaskView], *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
-) -> dg.SensorDefinition:
-    """``ledger_outcome_sensor``: brings entries in line with runs Dagster ended FAILURE or
-    CANCELED without the run recording its outcome."""
+def outcome_duty(views: Sequence[TaskView]) -> Duty:
+    """Outcomes: entries follow runs Dagster ended FAILURE or CANCELED without the run
+    recording its outcome, and ``retrying`` entries whose retry will not come are settled."""
 
-    @ledger_sensor(
-        "ledger_outcome_sensor",
-        clock=clock,
-        minimum_interval_seconds=minimum_interval_seconds,
-        description=(
-            "Reconciles ledger entries with task runs that Dagster ended FAILURE or CANCELED "
-            "(killed worker, START_TIMEOUT, launch error, max runtime), ends entries of "
-            "tasks no longer registered (unsupported_task); never a new run."
-        ),
-    )
-    def ledger_outcome_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
-    ) -> dg.SensorResult:
+    def reconcile(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SensorResult:
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         cursor, done = reconcile_events(
             context.instance, ledger, views, context.cursor, now, context.log
@@ -48,8 +35,26 @@ def build_outcome_sensor(
             alert = alert_of(item)
             if alert is not None and item.entry is not None:
                 alerts.emit(alert[0], entry_subject(item.entry.id), **alert[1])
-        alerts.deliver()  # this tick's alerts; lease_reclaim_sensor retries what fails
+        alerts.deliver()  # this tick's alerts; the reclaim duty retries what fails
         summary = f"reconciled {len(done)} run(s)" if done else "nothing to reconcile"
         return dg.SensorResult(skip_reason=summary, cursor=cursor)
 
-    return ledger_outcome_sensor
+    return Duty(
+        "outcomes",
+        reconcile,
+        "Reconciles ledger entries with task runs that Dagster ended FAILURE or CANCELED "
+        "(killed worker, START_TIMEOUT, launch error, max runtime), ends entries of tasks no "
+        "longer registered (unsupported_task); never a new run.",
+    )
+
+
+def build_outcome_sensor(
+    views: Sequence[TaskView], *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
+) -> dg.SensorDefinition:
+    """``ledger_outcome_sensor``: the outcomes duty alone, as a sensor of its own."""
+    return duty_sensor(
+        "ledger_outcome_sensor",
+        outcome_duty(views),
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+    )

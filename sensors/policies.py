@@ -1,4 +1,5 @@
-"""``ledger_policy_sensor``: the scheduling policies' ledger facts, every 30 s. Pauses
+"""The policies duty (``policy_duty``; alone, ``ledger_policy_sensor``): the scheduling
+policies' ledger facts, each tick. Pauses
 (``orchestration/pause.py``): each task's schedule state -- the UI's toggle -- mirrored into
 the ledger (since when it runs; a stop is a pause, a start resumes), and the toggle made to
 show the ledger's pauses (stopped while one is open, running once none is), dues inside a
@@ -35,7 +36,7 @@ from orchestration.services.alerts import Alerts
 from orchestration.task_spec import TaskView
 from resources.core.instants import Clock, iso, utc_now
 from resources.ledger import RunLedger
-from sensors.support import ledger_sensor
+from sensors.support import Duty, DutyContext, duty_sensor
 
 #: Dagster's states of an instigator that runs (a schedule started in the UI, or running
 #: because its code says so); STOPPED is the other one.
@@ -120,28 +121,11 @@ def show_pauses_on_toggles(
     return done
 
 
-def build_policy_sensor(
-    views: Sequence[TaskView], *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
-) -> dg.SensorDefinition:
-    """``ledger_policy_sensor``: pauses, deadlines and task pools, kept in the ledger and
-    Dagster."""
+def policy_duty(views: Sequence[TaskView]) -> Duty:
+    """Policies: pauses (the UI's toggle and the ledger kept in step), pause after failures,
+    missed deadlines, and the task pools."""
 
-    @ledger_sensor(
-        "ledger_policy_sensor",
-        clock=clock,
-        minimum_interval_seconds=minimum_interval_seconds,
-        description=(
-            "Records each task schedule's start and stops (a stop in the UI is a pause, a start "
-            "resumes), stops the schedule of a task paused by `dueledger pause` or its failures "
-            "and starts it again once resumed, records each due inside a pause as skipped "
-            "(paused by NAME: REASON), pauses a task after pause_after_failures consecutive "
-            "failures (task_paused alert), raises deadline_missed once per due not success by "
-            "its deadline, and creates the task pools; never a run."
-        ),
-    )
-    def ledger_policy_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
-    ) -> dg.SkipReason:
+    def keep_policies(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SkipReason:
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         ensure_task_pools(context.instance, views)
         # The UI's toggle first, so a stop is a pause before this tick's dues are recorded.
@@ -158,8 +142,29 @@ def build_policy_sensor(
             context.log.warning(f"paused after failures: {pause.skip_reason}")
         for entry in skipped:
             context.log.info(f"entry {entry.id} {entry.label}: skipped ({entry.error})")
-        alerts.deliver()  # this tick's alerts; lease_reclaim_sensor retries what fails
+        alerts.deliver()  # this tick's alerts; the reclaim duty retries what fails
         done = f"{len(paused)} paused, {len(skipped)} paused due(s) recorded, {len(missed)} "
         return dg.SkipReason(done + "deadline(s) missed")
 
-    return ledger_policy_sensor
+    return Duty(
+        "policies",
+        keep_policies,
+        "Records each task schedule's start and stops (a stop in the UI is a pause, a start "
+        "resumes), stops the schedule of a task paused by `dueledger pause` or its failures "
+        "and starts it again once resumed, records each due inside a pause as skipped "
+        "(paused by NAME: REASON), pauses a task after pause_after_failures consecutive "
+        "failures (task_paused alert), raises deadline_missed once per due not success by "
+        "its deadline, and creates the task pools; never a run.",
+    )
+
+
+def build_policy_sensor(
+    views: Sequence[TaskView], *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
+) -> dg.SensorDefinition:
+    """``ledger_policy_sensor``: the policies duty alone, as a sensor of its own."""
+    return duty_sensor(
+        "ledger_policy_sensor",
+        policy_duty(views),
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+    )

@@ -1,4 +1,5 @@
-"""``lease_reclaim_sensor``: runs the reclaim rule (``orchestration/reclaim.py``) every 30 s:
+"""The reclaim duty (``reclaim_duty``; alone, ``lease_reclaim_sensor``): runs the reclaim rule
+(``orchestration/reclaim.py``) each tick:
 expired leases end ``lease_reclaimed`` and stranded launches (an entry whose run was never
 created) ``dispatch_failed``, one alert line each. Each alert goes to the configured channels once,
 and every tick, after its own work, retries the alert deliveries that are due
@@ -18,27 +19,14 @@ from orchestration.services.dagster_runs import has_dispatched_run, turn_off_dag
 from resources.core.alerting import DELIVERY_DELIVERED, entry_subject
 from resources.core.instants import Clock, utc_now
 from resources.ledger import DeliveryRecord, RunLedger
-from sensors.support import ledger_sensor
+from sensors.support import Duty, DutyContext, duty_sensor
 
 
-def build_reclaim_sensor(
-    *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
-) -> dg.SensorDefinition:
-    """``lease_reclaim_sensor``: reclaims expired leases; one alert line per reclaim."""
+def reclaim_duty() -> Duty:
+    """Reclaim: expired leases end ``lease_reclaimed``, stranded launches
+    ``dispatch_failed``; then every channel's alert deliveries that are due are retried."""
 
-    @ledger_sensor(
-        "lease_reclaim_sensor",
-        clock=clock,
-        minimum_interval_seconds=minimum_interval_seconds,
-        description=(
-            "Fails running ledger entries whose lease expired (kind lease_reclaimed), and "
-            "records launches whose run was never created as dispatch_failed; never "
-            "launches a run. One structured alert line per entry."
-        ),
-    )
-    def lease_reclaim_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
-    ) -> dg.SkipReason:
+    def reclaim(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SkipReason:
         alerts = Alerts.from_environment(ledger, now=now, log=context.log)
         reclaims = reclaim_leases(ledger, now)
         for item in reclaims:
@@ -50,14 +38,32 @@ def build_reclaim_sensor(
         )
         for swept in stranded:
             alerts.emit(STRANDED_KIND, entry_subject(swept.entry.id), **swept.as_json())
-        # After the tick's own work: this tick's alerts, then every channel's due retries.
+        # After the duty's own work: its alerts, then every channel's due retries.
         attempts = alerts.deliver(retry=True)
         said = f"reclaimed {len(reclaims)} expired lease(s)" if reclaims else "no expired leases"
         if stranded:
             said += f"; {len(stranded)} stranded launch(es) recorded as dispatch_failed"
         return dg.SkipReason(said + delivery_summary(attempts))
 
-    return lease_reclaim_sensor
+    return Duty(
+        "reclaim",
+        reclaim,
+        "Fails running ledger entries whose lease expired (kind lease_reclaimed), records "
+        "launches whose run was never created as dispatch_failed, one structured alert line "
+        "per entry, and retries the alert deliveries that are due; never launches a run.",
+    )
+
+
+def build_reclaim_sensor(
+    *, clock: Clock = utc_now, minimum_interval_seconds: int = 30
+) -> dg.SensorDefinition:
+    """``lease_reclaim_sensor``: the reclaim duty alone, as a sensor of its own."""
+    return duty_sensor(
+        "lease_reclaim_sensor",
+        reclaim_duty(),
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+    )
 
 
 def delivery_summary(attempts: list[DeliveryRecord]) -> str:

@@ -31,7 +31,7 @@ from resources.core.redispatch import (
     redispatch_run_key,
 )
 from resources.ledger import RunLedger
-from sensors.support import due_run_request, ledger_sensor
+from sensors.support import Duty, DutyContext, due_run_request, duty_sensor
 
 SENSOR_NAME = "redispatch_sensor"
 #: Entries a skip reason names one by one; the rest are counted.
@@ -45,9 +45,27 @@ def build_redispatch_sensor(
     max_redispatches: int = DEFAULT_MAX_REDISPATCHES,
     minimum_interval_seconds: int | None = None,
 ) -> dg.SensorDefinition:
-    """``redispatch_sensor``: re-dispatches the current slot's ``dispatch_failed`` entries of
-    the tasks of ``views``, each at most ``max_redispatches`` times per slot, evaluated every
-    ``minimum_interval_seconds`` (default :func:`redispatch_interval_seconds` of the slot).
+    """``redispatch_sensor``: the re-dispatch duty alone, as a sensor of its own, evaluated
+    every ``minimum_interval_seconds`` (default :func:`redispatch_interval_seconds` of the
+    slot)."""
+    duty = redispatch_duty(views, max_redispatches=max_redispatches)
+    if minimum_interval_seconds is None:
+        minimum_interval_seconds = redispatch_interval_seconds(min(v.slot_minutes for v in views))
+    return duty_sensor(
+        SENSOR_NAME,
+        duty,
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+        jobs=[task_job(v) for v in views],
+    )
+
+
+def redispatch_duty(
+    views: Sequence[TaskView], *, max_redispatches: int = DEFAULT_MAX_REDISPATCHES
+) -> Duty:
+    """Re-dispatch: the current slot's ``dispatch_failed`` entries of the tasks of ``views``,
+    each at most ``max_redispatches`` times per slot. The sensor that runs it targets the
+    task jobs of ``views``.
 
     Its run keys are ``<task>@<due>#redispatch-<n>`` when it targets several task jobs and
     ``<due>#redispatch-<n>`` when it targets one (docs/operations.md)."""
@@ -60,24 +78,15 @@ def build_redispatch_sensor(
         raise ValueError("a re-dispatch sensor needs at least one task")
     by_key = {v.spec.key: v for v in views}
     slots = sorted({v.slot_minutes for v in views})
-    if minimum_interval_seconds is None:
-        minimum_interval_seconds = redispatch_interval_seconds(slots[0])
     qualify = len(by_key) > 1
 
-    @ledger_sensor(
-        SENSOR_NAME,
-        jobs=[task_job(v) for v in views],
-        clock=clock,
-        minimum_interval_seconds=minimum_interval_seconds,
-        description=(
-            "Re-dispatches each task's dispatch_failed entry within its own slot, at most "
-            f"{max_redispatches} times; run_key "
-            + ("<task>@<due>#redispatch-<n>." if qualify else "<due>#redispatch-<n>.")
-        ),
+    description = (
+        "Re-dispatches each task's dispatch_failed entry within its own slot, at most "
+        f"{max_redispatches} times; run_key "
+        + ("<task>@<due>#redispatch-<n>." if qualify else "<due>#redispatch-<n>.")
     )
-    def redispatch_sensor(
-        context: dg.SensorEvaluationContext, ledger: RunLedger, now: datetime
-    ) -> dg.SensorResult:
+
+    def redispatch(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SensorResult:
         requests: list[dg.RunRequest] = []
         skipped: list[str] = []
         for slot_minutes in slots:
@@ -111,7 +120,7 @@ def build_redispatch_sensor(
             return dg.SensorResult(run_requests=requests)
         return dg.SensorResult(skip_reason=_skip_reason(now, slots, skipped))
 
-    return redispatch_sensor
+    return Duty("redispatch", redispatch, description)
 
 
 def _skip_reason(now: datetime, slots: Sequence[int], skipped: Sequence[str]) -> str:

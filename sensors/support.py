@@ -1,15 +1,21 @@
-"""What every ledger-keeping sensor shares: one decorator, and the run request for a due.
+"""What every ledger-keeping sensor shares: one decorator, the duty a sensor body is, and
+the run request for a due.
 
 A ledger sensor runs by default (the ledger is only kept true while it runs), gets the
 ``RunLedger`` resource, and is a function of its evaluation's "now", read once from an
 injected clock (tests pass a frozen clock; nothing below reads the wall clock).
+
+A :class:`Duty` is one job of keeping the ledger true (outcomes, reclaim, policies, slot
+health, re-dispatch): a body that reads only its evaluation's instance, log and cursor, so
+one sensor can run several duties, each with a cursor of its own (``sensors/keeper.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import dagster as dg
 
@@ -20,8 +26,34 @@ from resources.core.entry import Trigger
 from resources.core.instants import Clock
 from resources.ledger import RunLedger
 
-#: A ledger sensor's body: (its evaluation context, the ledger, now) -> what Dagster takes.
-SensorBody = Callable[[dg.SensorEvaluationContext, RunLedger, datetime], Any]
+
+class DutyContext(Protocol):
+    """What a duty reads of its sensor's evaluation (a ``dg.SensorEvaluationContext`` is
+    one): the Dagster instance, the log, and the cursor the duty left last time."""
+
+    @property
+    def instance(self) -> dg.DagsterInstance: ...
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def cursor(self) -> str | None: ...
+
+
+#: A ledger sensor's body: (its evaluation context, the ledger, now) -> what Dagster takes:
+#: a ``dg.SensorResult`` or a ``dg.SkipReason``.
+SensorBody = Callable[[DutyContext, RunLedger, datetime], Any]
+
+
+@dataclass(frozen=True)
+class Duty:
+    """One job of keeping the ledger true: ``name`` (its cursor's key and the word its
+    results are reported under), its ``body`` and what it does (``description``)."""
+
+    name: str
+    body: SensorBody
+    description: str
 
 
 def ledger_sensor(
@@ -32,13 +64,17 @@ def ledger_sensor(
     minimum_interval_seconds: int,
     job_name: str | None = None,
     jobs: Sequence[dg.UnresolvedAssetJobDefinition] | None = None,
-) -> Callable[[SensorBody], dg.SensorDefinition]:
+) -> Callable[
+    [Callable[[dg.SensorEvaluationContext, RunLedger, datetime], Any]], dg.SensorDefinition
+]:
     """Make ``body`` the sensor ``name``: running by default, evaluated at most every
     ``minimum_interval_seconds``, given the ledger and ``clock()`` (one read per tick).
     It may request runs of ``job_name``, or of ``jobs`` (the very job objects the code
     location registers: Dagster refuses two definitions of one job)."""
 
-    def wrap(body: SensorBody) -> dg.SensorDefinition:
+    def wrap(
+        body: Callable[[dg.SensorEvaluationContext, RunLedger, datetime], Any],
+    ) -> dg.SensorDefinition:
         @dg.sensor(
             name=name,
             job_name=job_name,
@@ -53,6 +89,24 @@ def ledger_sensor(
         return _sensor
 
     return wrap
+
+
+def duty_sensor(
+    name: str,
+    duty: Duty,
+    *,
+    clock: Clock,
+    minimum_interval_seconds: int,
+    jobs: Sequence[dg.UnresolvedAssetJobDefinition] | None = None,
+) -> dg.SensorDefinition:
+    """``duty`` alone as the sensor ``name`` (see :func:`ledger_sensor`)."""
+    return ledger_sensor(
+        name,
+        description=duty.description,
+        clock=clock,
+        minimum_interval_seconds=minimum_interval_seconds,
+        jobs=jobs,
+    )(duty.body)
 
 
 def due_run_request(

@@ -76,7 +76,7 @@ def test_dg_list_defs_lists_the_code_location(dg_env: dict[str, str]):
     for task in registered_tasks():
         assert f"{task.key}_job" in jobs, task.key
         assert f"{task.key}_schedule" in schedules, task.key
-    assert {"lease_reclaim_sensor", "ledger_outcome_sensor", "slot_health_sensor"} <= sensors
+    assert "ledger_sensor" in sensors
 
 
 # --- the DueTask component: dg lists it, scaffolds a task, validates its declaration -------

@@ -11,8 +11,8 @@ ledger's health next to the assets.
 
 The asset also carries the ledger's own checks -- ``no_stale_leases``, ``no_lost_retries``,
 ``no_unledgered_failed_runs`` (``orchestration/checks.py``, decided in
-``orchestration/services/ledger_checks.py``) -- reported by ``slot_health_sensor`` each slot
-and executable from the Catalog; this body does not run them.
+``orchestration/services/ledger_checks.py``) -- reported by ``ledger_sensor`` (slot health)
+each slot and executable from the Catalog; this body does not run them.
 """
 
 from collections.abc import Mapping

@@ -1,6 +1,6 @@
 """`dueledger reclaim` and `dueledger liveness`: operations without the Dagster UI.
 
-- ``reclaim [--dry-run]``: what ``lease_reclaim_sensor`` does, for deployments without the
+- ``reclaim [--dry-run]``: what ``ledger_sensor`` (reclaim) does, for deployments without the
   daemon (or to act now): expired leases -> ``failed`` / ``lease_reclaimed``, stranded
   launches -> ``dispatch_failed``; one structured alert line per entry, delivered to the
   configured alert channels once, and the due alert deliveries retried; never a new run.

@@ -208,7 +208,7 @@ def _account(
                 STATE_STALE_LEASE,
                 False,
                 f"due {due}: entry {entry.id} is running under run {entry.lease_owner} whose "
-                f"lease expired at {expires:%Y-%m-%dT%H:%M:%SZ}; lease_reclaim_sensor fails it",
+                f"lease expired at {expires:%Y-%m-%dT%H:%M:%SZ}; ledger_sensor (reclaim) fails it",
                 entry,
             )
         return answer(STATE_RUNNING, True, f"due {due}: entry {entry.id} is {entry.status}", entry)

@@ -1,6 +1,6 @@
 """What Dagster's run records say about task runs, for the services that keep the ledger
 true and the checks that watch it: which tasks a run belongs to, and whether Dagster will
-still retry a run that ended (``ledger_outcome_sensor`` settles the entries whose retry
+still retry a run that ended (``ledger_sensor`` (outcomes) settles the entries whose retry
 will never come; the ``no_lost_retries`` check reports the ones it has not settled).
 """
 

@@ -5,18 +5,19 @@ with bounded queries; nothing is run, launched or changed. The sensors that keep
 true fix what these find; a failing check says they have not (yet), names the entries or
 runs and the command to inspect them:
 
-- ``no_stale_leases``: running entries whose lease expired and that ``lease_reclaim_sensor``
-  has not reclaimed (every 30 s). Within SENSOR_GRACE of the expiry the failure is a
+- ``no_stale_leases``: running entries whose lease expired and that ``ledger_sensor``
+  (reclaim, every 60 s) has not reclaimed. Within SENSOR_GRACE of the expiry the failure is a
   warning -- the reclaim is due -- after it an error.
 - ``no_lost_retries``: ``retrying`` entries whose awaited Dagster retry will never come (the
   newest run of the entry's retry chain ended, Dagster will not or did not retry it, or the
-  run is gone), which ``ledger_outcome_sensor`` settles as ``failed``/``dispatch_failed``.
+  run is gone), which ``ledger_sensor`` (outcomes) settles as ``failed``/``dispatch_failed``.
 - ``no_unledgered_failed_runs``: task runs Dagster ended FAILURE or CANCELED in the last
   24 h that left no trace in the ledger (no failed run of a task may be
-  invisible to ``summary``); ``ledger_outcome_sensor`` records a run that failed before
+  invisible to ``summary``); ``ledger_sensor`` (outcomes) records a run that failed before
   claiming as ``dispatch_failed``. Runs that ended within SENSOR_GRACE are not judged yet.
 
-``slot_health_sensor`` reports all three at each slot start as runless check evaluations;
+``ledger_sensor`` (slot health) reports all three at each slot start as runless check
+evaluations;
 "Execute" on a check in the Catalog evaluates the same (orchestration/checks.py).
 """
 
@@ -57,8 +58,8 @@ LEDGER_CHECK_NAMES: Final = (
     CHECK_NO_UNLEDGERED_FAILED_RUNS,
 )
 
-#: What the sensors that fix these findings get before a finding counts: they evaluate
-#: every 30 s, and the outcome sensor waits up to 60 s for Dagster's will_retry tag.
+#: What the sensor duties that fix these findings get before a finding counts: they run
+#: every 60 s, and the outcomes duty waits up to 60 s for Dagster's will_retry tag.
 SENSOR_GRACE: Final = timedelta(minutes=3)
 #: Failed runs looked at: those that ended within the summary's window.
 FAILED_RUNS_WINDOW: Final = SUMMARY_WINDOW
@@ -157,9 +158,9 @@ def stale_leases(ledger: Ledger, now: datetime) -> LedgerCheck:
         ),
     )
     who = (
-        "lease_reclaim_sensor (every 30 s) has not reclaimed them: is it running?"
+        "ledger_sensor (reclaim, every 60 s) has not reclaimed them: is it running?"
         if overdue
-        else "lease_reclaim_sensor is due to reclaim them"
+        else "ledger_sensor (reclaim) is due to reclaim them"
     )
     detail = (
         f"{_plural(len(found), 'running entry has', 'running entries have')} an expired "
@@ -246,7 +247,7 @@ def lost_retries(ledger: Ledger, instance: dg.DagsterInstance, now: datetime) ->
     )
     detail = (
         f"{_plural(len(found), 'entry waits', 'entries wait')} in retrying for a Dagster "
-        f"retry that will never come: {names}. ledger_outcome_sensor settles such entries "
+        f"retry that will never come: {names}. ledger_sensor (outcomes) settles such entries "
         f"(failed, or dispatch_failed when the last run never claimed): is it running?"
     )
     return LedgerCheck(
@@ -345,7 +346,7 @@ def unledgered_failed_runs(
     )
     detail = (
         f"{_plural(len(found), 'failed task run is', 'failed task runs are')} not in the "
-        f"ledger, so `dueledger summary` does not count them: {names}. ledger_outcome_sensor "
+        f"ledger, so `dueledger summary` does not count them: {names}. ledger_sensor (outcomes) "
         f"records a run that failed before claiming as dispatch_failed: is it running?"
     )
     return LedgerCheck(

@@ -7,7 +7,7 @@ those run-status events with a cursor (the event storage id) and applies the pur
 below (:func:`decide`) to each, as compare-and-set changes; it also settles
 ``retrying`` entries whose awaited Dagster retry will never come (RETRY_LOST_AFTER), and
 ends entries of tasks this code location no longer registers (``unsupported_task``, one
-alert, ``unsupported.py``). ``ledger_outcome_sensor`` (``sensors/outcomes.py``) runs it.
+alert, ``unsupported.py``). ``ledger_sensor`` (outcomes) (``sensors/outcomes.py``) runs it.
 
 Every step checks the entry first, so evaluating the same event twice (a crashed tick, a
 restarted daemon) changes nothing the second time.
@@ -581,7 +581,7 @@ def alert_of(item: Reconciled) -> tuple[str, dict[str, Any]] | None:
             "error": str(last.get("error") or entry.error or "").strip()[:ALERT_ERROR_CHARS],
             "action": (
                 f"a scheduled due is re-dispatched within its own slot by "
-                f"redispatch_sensor; see `dueledger runs show {entry.id}`"
+                f"ledger_sensor (re-dispatch); see `dueledger runs show {entry.id}`"
                 if entry.origin == Origin.DUE
                 # A manual launch or retry is re-dispatched by repeating its request.
                 else f"{redo_command(entry)}; see `dueledger runs show {entry.id}`"

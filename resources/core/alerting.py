@@ -56,15 +56,17 @@ from resources.core.webhook_url import (
 
 # --- kinds and subjects ---------------------------------------------------------------------
 
-KIND_LEASE_RECLAIMED: Final = FailureKind.LEASE_RECLAIMED  # lease_reclaim_sensor, `reclaim`
+KIND_LEASE_RECLAIMED: Final = FailureKind.LEASE_RECLAIMED  # ledger_sensor (reclaim), `reclaim`
 KIND_LAUNCH_STRANDED: Final = "launch_stranded"  # the same, for a launch whose run never came
-KIND_DISPATCH_FAILED: Final = Status.DISPATCH_FAILED  # ledger_outcome_sensor
-KIND_RETRY_LOST: Final = "retry_lost"  # ledger_outcome_sensor: Dagster lost a retry
+KIND_DISPATCH_FAILED: Final = Status.DISPATCH_FAILED  # ledger_sensor (outcomes)
+KIND_RETRY_LOST: Final = "retry_lost"  # ledger_sensor (outcomes): Dagster lost a retry
 KIND_UNSUPPORTED_TASK: Final = FailureKind.UNSUPPORTED_TASK  # the run of a removed task
-KIND_SLOT_HEALTH: Final = "slot_health"  # slot_health_sensor, once per slot
+KIND_SLOT_HEALTH: Final = "slot_health"  # ledger_sensor (slot health), once per slot
 KIND_LIVENESS: Final = "liveness"  # `dueledger liveness --alert`
-KIND_TASK_PAUSED: Final = "task_paused"  # ledger_policy_sensor: pause_after_failures paused it
-KIND_DEADLINE_MISSED: Final = "deadline_missed"  # ledger_policy_sensor: a due passed its deadline
+#: ledger_sensor (policies): pause_after_failures paused it.
+KIND_TASK_PAUSED: Final = "task_paused"
+#: ledger_sensor (policies): a due passed its deadline.
+KIND_DEADLINE_MISSED: Final = "deadline_missed"
 #: Every alert kind dueledger emits (a ``kinds`` filter may name only these).
 ALERT_KINDS: Final = (
     KIND_LEASE_RECLAIMED,

@@ -119,7 +119,7 @@ OPEN_ENTRIES = _spec(
 STALE_LEASES = _spec(
     "dueledger_stale_leases",
     GAUGE,
-    "Running entries whose lease has expired (lease_reclaim_sensor fails them).",
+    "Running entries whose lease has expired (ledger_sensor (reclaim) fails them).",
     "task",
 )
 MISSED_DUES = _spec(

@@ -94,7 +94,7 @@ class LedgerQueries(LedgerStore):
     def entries_updated_since(self, since: datetime) -> list[Entry]:
         """Entries whose row changed at or after ``since`` (``updated_at``), oldest change
         first: one range of index ``(updated_at)``, so the cost follows what changed, not
-        the ledger's size (slot_health_sensor's read)."""
+        the ledger's size (ledger_sensor (slot health)'s read)."""
         query = (
             sa.select(entries)
             .where(entries.c.updated_at >= to_db(since, "since"))

@@ -192,7 +192,7 @@ query Checks($key: AssetKeyInput!) {
   }
 }
 """
-#: slot_health_sensor ticks every 60 s; slower while runs compete for 2 cores.
+#: ledger_sensor (slot health) ticks every 60 s; slower while runs compete for 2 cores.
 CHECK_WAIT = 240.0
 
 

@@ -1,6 +1,6 @@
 """Pauses and skipped dues as a person meets them in the Dagster UI.
 
-(g) Automation → a schedule's page → its toggle, off: ``ledger_policy_sensor`` records a pause
+(g) Automation → a schedule's page → its toggle, off: ``ledger_sensor`` (policies) records a pause
     by ``dagster-ui`` (`dueledger tasks` shows who and since when, `dueledger dues` that the next
     dues are skipped); then on again (the sensor closes the pause on its next tick).
 (h) `dueledger pause` a task, and a run of its next due arrives (the tags its schedule gives

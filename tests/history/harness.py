@@ -7,7 +7,7 @@ rules, a dead chain member's attempt settled and a dispatch failure resumed by D
 retry, the task's pauses and overlap policy, the claim) and ends through its ``succeed`` and
 ``fail``; the ledger (``RunLedger`` on real SQLite or PostgreSQL), the fenced effect
 transaction (``resources.effects`` with the claim's guard), the outcome reconciler of
-``ledger_outcome_sensor`` (``orchestration.services.outcomes.reconcile_run``), the lease
+``ledger_sensor`` (outcomes) (``orchestration.services.outcomes.reconcile_run``), the lease
 reclaim (``orchestration.reclaim``), the manual retry (``orchestration.retry``) and
 ``summary`` (``ledger_summary``). Only Dagster itself is played by the simulation
 (:class:`SimulatedRun`, the claim path's ``RunFacts``): which runs exist, when they start,

@@ -106,10 +106,7 @@ def installed() -> dict[str, Any]:
         "schedules": sorted(s.name for s in location.defs.schedules or ()),
         "sensors": sorted(s.name for s in location.defs.sensors or ()),
         "redispatch_jobs": sorted(
-            j.name
-            for s in location.defs.sensors or ()
-            if s.name == "redispatch_sensor"
-            for j in s.jobs
+            j.name for s in location.defs.sensors or () if s.name == "ledger_sensor" for j in s.jobs
         ),
     }
     out["tasks_json"] = json.loads(_cli("tasks", "--json")[1])

@@ -1,5 +1,5 @@
 """The ``latest_due_accounted_for`` asset check: what the ledger says about a task's latest
-due whose slot is over (SQLite and PostgreSQL), and the check as slot_health_sensor reports
+due whose slot is over (SQLite and PostgreSQL), and the check as ledger_sensor (slot health) reports
 it through the real sensor daemon path, visible as the asset's latest check evaluation.
 """
 

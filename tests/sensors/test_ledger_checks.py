@@ -390,7 +390,7 @@ def test_slot_health_reports_the_ledger_checks_and_the_catalog_executes_them(
         assert f"run {before_claim.run_id} of failing_task" in unledgered.description
         assert unledgered.metadata["found"].value == 1
 
-        # What lease_reclaim_sensor and ledger_outcome_sensor do, then the next slot.
+        # What ledger_sensor (reclaim) and ledger_sensor (outcomes) do, then the next slot.
         reclaim_leases(ledger, late)
         views = module.views_of(module.STRICT, module.FAILING, module.HEALTH)
         reconcile_events(instance, ledger, views, None, late)

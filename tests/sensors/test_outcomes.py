@@ -302,15 +302,15 @@ def test_a_redispatch_sensor_evaluates_once_per_eighth_of_its_slot_30_s_to_2_min
     assert redispatch_interval_seconds(slot_minutes) == seconds
 
 
-def test_the_code_location_has_one_redispatch_sensor_for_every_task_at_the_slot_interval():
+def test_the_code_location_re_dispatches_through_its_one_ledger_sensor_for_every_task():
     # One sensor, not one per task: its cost follows the entries to re-dispatch, not the
     # number of tasks. It targets every task job, so its run keys name the task.
     views = task_views()
     sensors = {s.name: s for s in build_sensors(views)}
-    assert not [name for name in sensors if name.endswith("_redispatch_sensor")]
-    sensor = sensors["redispatch_sensor"]
+    assert not [name for name in sensors if "redispatch" in name]
+    sensor = sensors["ledger_sensor"]
     assert {j.name for j in sensor.jobs} == {v.spec.job_name for v in views}
-    assert sensor.minimum_interval_seconds == redispatch_interval_seconds(views[0].slot_minutes)
+    assert sensor.minimum_interval_seconds == 60
     assert "<task>@<due>#redispatch-<n>" in (sensor.description or "")
 
 

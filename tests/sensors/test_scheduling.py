@@ -53,7 +53,7 @@ DAY = datetime(2026, 12, 4, tzinfo=UTC)
 
 
 def sync(instance: dg.DagsterInstance, ledger: RunLedger, views, now: datetime) -> list[str]:
-    """What ledger_policy_sensor does each tick: Dagster's schedule states into the ledger."""
+    """What ledger_sensor (policies) does each tick: Dagster's schedule states into the ledger."""
     return sync_schedules(ledger, views, observed_schedules(instance), now)
 
 
@@ -239,7 +239,7 @@ def test_sync_ignores_schedules_the_scheduler_has_not_recorded(ledger: RunLedger
 
 
 def _policy_tick(instance: dg.DagsterInstance, ledger: RunLedger, views) -> list[str]:
-    """One evaluation of the real ledger_policy_sensor against this Dagster instance; what it
+    """One evaluation of the real ledger_sensor (policies) against this Dagster instance; what it
     logged (its changes, in words)."""
     from sensors.policies import build_policy_sensor
 

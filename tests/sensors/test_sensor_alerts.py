@@ -1,12 +1,12 @@
 """Alert delivery from the sensors, with the channels configured by environment variables as
 an operator would: a real local webhook (HTTP) and SMTP server (tests/alert_sinks.py).
 
-- ``lease_reclaim_sensor`` through the real sensor daemon path: both channels down (webhook
+- ``ledger_sensor``'s reclaim duty through the real sensor daemon path: both channels down (webhook
   answering 500, SMTP not listening) -> the tick still succeeds and its reclaim stands, the
   deliveries are recorded ``failed`` with the error; the channels come up -> a later tick
   retries and delivers, and no tick after that sends anything again.
-- ``slot_health_sensor`` evaluated twice for one slot (its cursor lost): one delivery.
-- ``ledger_outcome_sensor``: a dispatch failure and a lost Dagster retry each raise their
+- ``ledger_sensor`` (slot health) evaluated twice for one slot (its cursor lost): one delivery.
+- ``ledger_sensor`` (outcomes): a dispatch failure and a lost Dagster retry each raise their
   alert, delivered once however often the sensor runs.
 """
 
@@ -88,7 +88,7 @@ def test_a_reclaim_alert_survives_both_channels_down_and_is_delivered_once_when_
         daemon_workspace(instance, target("lease_defs")) as ctx,
     ):
         run_sensor_tick(ctx, now)  # raises if any sensor's evaluation failed
-        tick = instigator_ticks(ctx, "lease_reclaim_sensor")[0]
+        tick = instigator_ticks(ctx, "ledger_sensor")[0]
         assert tick.status == TickStatus.SKIPPED
         assert "reclaimed 1 expired lease" in (tick.skip_reason or "")
         assert "alert deliveries: 0 delivered, 2 failed" in (tick.skip_reason or "")
