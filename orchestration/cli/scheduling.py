@@ -195,7 +195,7 @@ def _acting(ledger: Any, operator: str | None, action: str, role: str) -> str:
 @json_option
 @handle_errors
 def pause_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> None:
-    """Pause TASK: its schedule runs nothing (stopped in Dagster within 30 s: the UI's switch
+    """Pause TASK: its schedule runs nothing (stopped in Dagster within 60 s: the UI's switch
     reads off) and each of its dues is recorded skipped (paused by NAME: REASON) until
     `dueledger resume` or a start in the UI. Role retrier; exit 3 when paused."""
     # Imported when this command runs, so the other commands do not load it.
@@ -221,7 +221,7 @@ def pause_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> No
 @handle_errors
 def resume_cmd(task: str, reason: str, operator: str | None, as_json: bool) -> None:
     """Resume TASK: close its pauses (`dueledger pause`, a pause after failures, a stop in the
-    Dagster UI); its schedule runs again from now on (started in Dagster within 30 s). Role
+    Dagster UI); its schedule runs again from now on (started in Dagster within 60 s). Role
     retrier; exit 3 when not paused."""
     # Imported when this command runs, so the other commands do not load it.
     from orchestration.declarations import task_registry

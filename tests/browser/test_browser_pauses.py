@@ -38,7 +38,7 @@ pytestmark = pytest.mark.browser
 
 TOGGLED = "service_auto_renew"
 PAUSED = "service_lifecycle_maintenance"
-SENSOR_WAIT = 180.0  # the outcome sensor evaluates every 30 s, slower while runs compete
+SENSOR_WAIT = 180.0  # ledger_sensor runs every 60 s, slower while runs compete
 
 
 def _open_schedule(page: Page, server: DevServer, name: str) -> None:
@@ -157,7 +157,7 @@ def test_a_skipped_due_shows_on_the_runs_page_and_in_the_asset_check(
 
 def _toggle_shows(page: Page, server: DevServer, schedule: str, running: bool) -> None:
     """The schedule page, opened again until its switch shows ``running`` (the policy sensor
-    moves it within a tick, 30 s; slower while runs compete)."""
+    moves it within a tick, 60 s; slower while runs compete)."""
     deadline = time.monotonic() + SENSOR_WAIT
     while True:
         _open_schedule(page, server, schedule)
