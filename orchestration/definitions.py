@@ -71,7 +71,7 @@ def build_definitions(
         ),
         dg.Definitions(
             asset_checks=[*build_task_checks(views), *build_ledger_checks(views)],
-            sensors=build_sensors(views),
+            sensors=build_sensors(views, interval_seconds=settings.keeper_interval_seconds),
             resources={**build_resources(settings), **domain_resources()},
             # Every run's steps in its run worker's process, the task jobs' and the implicit
             # asset job's alike (the Catalog's "Materialize"): one process per run, not two.

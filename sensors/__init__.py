@@ -2,7 +2,7 @@
 
 One module per duty; ``build_sensors`` makes what the code location registers:
 
-- ``ledger_sensor`` (keeper.py), every 60 s, runs each duty in turn:
+- ``ledger_sensor`` (keeper.py), every 60 s on 15-minute slots, runs each duty in turn:
   - outcomes (outcomes.py): entries follow runs Dagster ended FAILURE/CANCELED;
   - reclaim (reclaim.py): expired leases -> failed (lease_reclaimed), stranded launches ->
     dispatch_failed, alert deliveries retried;
@@ -26,22 +26,26 @@ import dagster as dg
 
 from orchestration.task_spec import MissedSlotPolicy, TaskView
 from resources.core.instants import utc_now
+from resources.core.settings import DEFAULT_SLOT_MINUTES
 from sensors.catch_up import build_catch_up_sensor
-from sensors.keeper import KEEPER_INTERVAL_SECONDS, build_keeper_sensor
+from sensors.keeper import build_keeper_sensor, keeper_interval_seconds
 
 
 def build_sensors(
     views: Sequence[TaskView],
     *,
     clock: Callable[[], datetime] = utc_now,
-    interval_seconds: int = KEEPER_INTERVAL_SECONDS,
+    interval_seconds: int | None = None,
 ) -> list[dg.SensorDefinition]:
     """Every ledger-keeping sensor for these tasks; ``clock`` is their "now" (injected in tests).
 
-    ``interval_seconds``: how often ``ledger_sensor`` runs its duties (default 60 s). No
-    sensor is per task but the catch-up sensors of ``catch_up`` tasks: the others cost the
-    same for 10 or 500 tasks.
+    ``interval_seconds``: how often ``ledger_sensor`` runs its duties (default: a quarter of
+    the tasks' slot, 30-60 s: 60 s on 15-minute slots). No sensor is per task but the
+    catch-up sensors of ``catch_up`` tasks: the others cost the same for 10 or 500 tasks.
     """
+    if interval_seconds is None:
+        slot = views[0].slot_minutes if views else DEFAULT_SLOT_MINUTES
+        interval_seconds = keeper_interval_seconds(slot)
     sensors = [build_keeper_sensor(views, clock=clock, minimum_interval_seconds=interval_seconds)]
     sensors += [
         build_catch_up_sensor(v, clock=clock)

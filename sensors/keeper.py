@@ -41,8 +41,18 @@ from sensors.redispatch import redispatch_duty
 from sensors.support import Duty, ledger_sensor
 
 KEEPER_SENSOR: Final = "ledger_sensor"
-#: How often the keeper runs: each duty's delay is at most this (docs/operations.md).
+#: How often the keeper runs on 15-minute slots: each duty's delay is at most this
+#: (docs/operations.md). ``keeper_interval_seconds`` gives it for any slot.
 KEEPER_INTERVAL_SECONDS: Final = 60
+_SHORTEST_INTERVAL: Final = 30
+
+
+def keeper_interval_seconds(slot_minutes: int) -> int:
+    """The keeper's default interval: a quarter of a slot, from 30 to 60 s -- 60 s on 5-minute
+    slots and longer, 30 s on 1-minute slots, where a 60 s keeper would hardly ever
+    re-dispatch a failed launch within its slot. ``DUELEDGER_KEEPER_INTERVAL_SECONDS``
+    overrides it."""
+    return max(_SHORTEST_INTERVAL, min(KEEPER_INTERVAL_SECONDS, slot_minutes * 60 // 4))
 
 
 @dataclass(frozen=True)

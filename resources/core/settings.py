@@ -28,6 +28,11 @@ ENV_IDENTITY = "DUELEDGER_IDENTITY"
 #: Which plugin tasks the code location registers: task keys or plugin names, comma-separated
 #: (orchestration/services/task_plugins.py; docs/plugins.md "Plugin tasks").
 ENV_PLUGIN_TASKS = "DUELEDGER_PLUGIN_TASKS"
+#: How often ``ledger_sensor`` runs its duties, in seconds (sensors/keeper.py; default: a
+#: quarter of a slot, 30-60 s). Each duty's delay is at most this; each tick is a stored
+#: Dagster tick, so a shorter interval costs more at rest.
+ENV_KEEPER_INTERVAL = "DUELEDGER_KEEPER_INTERVAL_SECONDS"
+KEEPER_INTERVAL_RANGE = (10, 600)
 
 DEFAULT_SLOT_MINUTES = 15
 MINUTES_PER_DAY = 24 * 60
@@ -50,6 +55,8 @@ class Settings:
     source_url: str
     slot_minutes: int
     timezone: str
+    #: ``DUELEDGER_KEEPER_INTERVAL_SECONDS``; None: the keeper's own default.
+    keeper_interval_seconds: int | None = None
 
 
 def _sqlite_url(path: Path) -> str:
@@ -73,6 +80,24 @@ def parse_slot_minutes(raw: str | None) -> int:
             f"(minutes per day) so that slots tile every day, e.g. 1, 5, 15, 30 or 60"
         )
     return minutes
+
+
+def parse_keeper_interval(raw: str | None) -> int | None:
+    """Validate ``DUELEDGER_KEEPER_INTERVAL_SECONDS``: whole seconds, 10-600 (None: unset)."""
+    if raw is None or raw.strip() == "":
+        return None
+    low, high = KEEPER_INTERVAL_RANGE
+    try:
+        seconds = int(raw)
+    except ValueError:
+        seconds = None
+    if seconds is None or not low <= seconds <= high:
+        raise SettingsError(
+            f"{ENV_KEEPER_INTERVAL}={printable(raw)!r} must be a whole number of seconds from "
+            f"{low} to {high} (how often ledger_sensor runs); unset it for the default, a "
+            f"quarter of a slot (60 s on 15-minute slots)"
+        )
+    return seconds
 
 
 def parse_timezone(raw: str | None) -> str:
@@ -172,7 +197,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     for variable in (ENV_DATABASE_URL, ENV_SOURCE_URL):
         _check_plain_variable(variable, env.get(variable), secret=True)
-    for variable in (ENV_SLOT_MINUTES, ENV_TIMEZONE, ENV_OPERATORS, ENV_IDENTITY):
+    for variable in (
+        ENV_SLOT_MINUTES,
+        ENV_TIMEZONE,
+        ENV_OPERATORS,
+        ENV_IDENTITY,
+        ENV_KEEPER_INTERVAL,
+    ):
         _check_plain_variable(variable, env.get(variable))
     parse_plugin_tasks(env.get(ENV_PLUGIN_TASKS))
     home = Path(env.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
@@ -190,6 +221,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         source_url=source_url,
         slot_minutes=parse_slot_minutes(env.get(ENV_SLOT_MINUTES)),
         timezone=parse_timezone(env.get(ENV_TIMEZONE)),
+        keeper_interval_seconds=parse_keeper_interval(env.get(ENV_KEEPER_INTERVAL)),
     )
 
 

@@ -33,6 +33,7 @@ from resources.core.entry import Status, Trigger, dedup_key_for_due
 from resources.core.settings import (
     ENV_DATABASE_URL,
     ENV_IDENTITY,
+    ENV_KEEPER_INTERVAL,
     ENV_OPERATORS,
     ENV_PLUGIN_TASKS,
     ENV_SOURCE_URL,
@@ -377,6 +378,8 @@ def test_messages_say_what_is_wrong(sqlite_box: Box) -> None:
     )
     message = sqlite_box.run("tasks", "--json", **{ENV_PLUGIN_TASKS: "acme-tasks,,other"}).error(2)
     assert message.startswith(f"{ENV_PLUGIN_TASKS}='acme-tasks,,other' has an empty item")
+    message = sqlite_box.run("tasks", "--json", **{ENV_KEEPER_INTERVAL: "5"}).error(2)
+    assert message.startswith(f"{ENV_KEEPER_INTERVAL}='5' must be a whole number of seconds")
 
 
 def test_tasks_json_reports_plugin_tasks_not_allowed_and_load_errors(sqlite_box: Box) -> None:

@@ -17,8 +17,10 @@ from croniter import croniter
 
 import sensors.keeper as keeper
 from orchestration.declarations import task_views
+from orchestration.definitions import build_definitions
 from resources.core.due import floor_to_slot
 from resources.core.entry import FailureKind, Status, Trigger, dedup_key_for_due
+from resources.core.settings import ENV_KEEPER_INTERVAL, SettingsError, load_settings
 from resources.ledger import RunLedger
 from sensors import build_sensors
 from sensors.reclaim import reclaim_duty
@@ -118,3 +120,34 @@ def test_the_code_location_stores_at_most_three_sensor_ticks_per_schedule_tick()
     schedule_ticks = sum(_ticks_per_day(cron) for v in views for cron in v.plan.crons)
     assert sensor_ticks == 1_440
     assert sensor_ticks <= 3 * schedule_ticks, (sensor_ticks, schedule_ticks)
+
+
+@pytest.mark.parametrize(
+    ("slot_minutes", "seconds"), [(1, 30), (2, 30), (4, 60), (5, 60), (15, 60), (60, 60)]
+)
+def test_the_keeper_runs_every_quarter_slot_from_30_to_60_seconds(slot_minutes, seconds) -> None:
+    # On 1-minute slots a 60 s keeper would hardly ever re-dispatch a failed launch in its slot.
+    assert keeper.keeper_interval_seconds(slot_minutes) == seconds
+    views = task_views(load_settings({"DUELEDGER_SLOT_MINUTES": str(slot_minutes)}))
+    (sensor,) = build_sensors(views)
+    assert sensor.minimum_interval_seconds == seconds
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [(None, 60), ("", 60), ("45", 45), ("600", 600)])
+def test_the_code_location_runs_the_keeper_as_often_as_the_environment_says(
+    tmp_path, raw, seconds
+) -> None:
+    env = {"DAGSTER_HOME": str(tmp_path)}
+    if raw is not None:
+        env[ENV_KEEPER_INTERVAL] = raw
+    defs = build_definitions(load_settings(env))
+    assert defs.resolve_sensor_def(keeper.KEEPER_SENSOR).minimum_interval_seconds == seconds
+
+
+@pytest.mark.parametrize("raw", ["abc", "9", "601", "1.5", "-60"])
+def test_a_keeper_interval_that_cannot_work_is_refused_naming_the_variable(raw) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({ENV_KEEPER_INTERVAL: raw})
+    assert str(caught.value).startswith(
+        f"{ENV_KEEPER_INTERVAL}={raw!r} must be a whole number of seconds from 10 to 600"
+    )
