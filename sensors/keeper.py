@@ -1,4 +1,5 @@
-"""``ledger_sensor``: the one sensor that keeps the ledger true, every 60 s.
+"""``ledger_sensor``: the one sensor that keeps the ledger true, every quarter of a slot from
+30 to 60 s (60 s on 15-minute slots; ``DUELEDGER_KEEPER_INTERVAL_SECONDS`` sets it).
 
 Each tick runs the duties in turn -- outcomes (``sensors/outcomes.py``), reclaim
 (``reclaim.py``), policies (``policies.py``), slot health (``health.py``) and re-dispatch
@@ -8,7 +9,7 @@ requests, slot health's check evaluations, and one cursor holding each duty's ow
 
 Why one sensor: Dagster's sensor daemon stores a tick for every evaluation of every sensor
 (``_get_evaluation_tick`` in ``dagster/_daemon/sensor.py``; run-status sensors too), and five
-sensors every 30-112 s stored about 10,850 ticks a day against the schedules' 640, and kept
+sensors every 30-112 s stored about 10,850 ticks a day against the schedules' 650, and kept
 an idle ``dagster dev`` busy. One sensor every 60 s stores 1,440.
 
 A duty that raises does not stop the others: its error is logged with its traceback, its

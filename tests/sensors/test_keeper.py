@@ -111,7 +111,7 @@ def _ticks_per_day(cron: str) -> int:
 
 def test_the_code_location_stores_at_most_three_sensor_ticks_per_schedule_tick() -> None:
     # Dagster stores a tick for every evaluation of every sensor; five sensors every 30-112 s
-    # stored 10,851 a day against the schedules' 640. (bench/idle.py and bench/scale.py
+    # stored 10,851 a day against the schedules' 650. (bench/idle.py and bench/scale.py
     # count what a running daemon stores.)
     views = task_views()
     sensors = build_sensors(views)
