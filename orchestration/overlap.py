@@ -13,7 +13,9 @@ and the ledger transaction that applies it.
     ``overlap: entry N running``;
   - ``buffer_one``: the first such run waits (its run polls until the task is free, then
     claims); any further one while it waits ends ``skipped``, ``overlap: entry M already
-    waiting``;
+    waiting``. A due that finds the task busy waits without a run at all: its tick writes
+    the entry ``queued`` and marks it the task's waiter (:func:`decide_at_tick`), and
+    ``ledger_sensor`` launches its run once the task is free (:func:`released_waiters`);
   - ``replace``: the new run claims, and the entry in progress ends ``failed``, kind
     ``replaced``, naming the new entry; the replacement is audited in the same transaction.
 
@@ -79,6 +81,8 @@ if TYPE_CHECKING:
 #: The summary key of an entry whose run waits for its turn under any overlap policy.
 SUMMARY_OVERLAP: Final = "overlap"
 OVERLAP_WAIT_TURN: Final = "queue"
+#: The summary key of a due held at its tick as the task's waiter (``buffer_one``): why.
+SUMMARY_OVERLAP_HELD: Final = "overlap_held"
 #: How long a waiting run's mark lives unless its run asks again (it asks every 2 s).
 WAIT_LEASE: Final = timedelta(seconds=30)
 #: A newer run replaces an entry that is running, or waiting for its retry.
@@ -159,15 +163,36 @@ def launch_refusal(ledger: Ledger, spec: TaskSpec, *, queue: bool) -> str | None
     )
 
 
-def skip_at_tick(
+@dataclass(frozen=True)
+class TickHold:
+    """Why the schedule's tick of a due requests no run: the due's ``entry``, either
+    ``skipped`` (its run would only be skipped at its claim) or ``queued`` as the task's
+    waiter (``buffer_one``: ``ledger_sensor`` launches its run once the task is free);
+    ``reason`` names the entry it found at work or waiting."""
+
+    entry: Entry
+    reason: str
+
+    @property
+    def waits(self) -> bool:
+        return self.entry.status == Status.QUEUED
+
+
+def decide_at_tick(
     ledger: Ledger, spec: TaskSpec, due: Due, *, now: datetime | None = None
-) -> Entry | None:
-    """At the schedule's tick of ``due``: the due's entry, written ``skipped``, when its run
-    would only be skipped at its claim -- overlap ``skip`` with the task in progress,
-    ``buffer_one`` with a run already waiting (:func:`decide_overlap`, the claim's own
-    decision) -- or when the due was skipped already. The tick then requests no run: no run
-    worker starts only to end itself. None: request the run (the claim decides again, for a
-    run that starts after the task became busy).
+) -> TickHold | None:
+    """At the schedule's tick of ``due``, the claim's own decision (:func:`decide_overlap`)
+    asked before any run exists:
+
+    - overlap ``skip`` with the task in progress, ``buffer_one`` with a waiter already there:
+      the due's entry is written ``skipped``;
+    - ``buffer_one`` with the task in progress and no waiter: the due's entry is written
+      ``queued`` and marked the task's waiter, held by no run and no worker;
+      :func:`released_waiters` gives it to ``ledger_sensor`` to launch once the task is free.
+
+    Either way the tick requests no run. None: request the run (its claim decides again,
+    for a run that starts after the task became busy). A tick evaluated again (two daemons,
+    a retried tick) finds the entry it wrote and answers the same.
 
     One transaction holding the task's lock row, as a claim does; the entry is written by
     insert-or-ignore, so two daemons ticking the same due record it once."""
@@ -189,20 +214,66 @@ def skip_at_tick(
         )
         if existing is not None:
             found = entry_from_row(existing)
-            return found if found.status == Status.SKIPPED else None
+            if found.status == Status.SKIPPED:
+                return TickHold(found, found.error or "skipped")
+            if _held_at_tick(lock, found.id) and found.status == Status.QUEUED:
+                return TickHold(found, found.summary.get(SUMMARY_OVERLAP_HELD) or "waiting")
+            return None
         in_progress, live = _busy(conn, spec.key, lock, at)
         decision = decide_overlap(spec.overlap_policy, 0, in_progress, live)
-        if decision.action is not OverlapAction.SKIP:
+        if decision.action is OverlapAction.SKIP:
+            entry, _ = ledger.record_skipped_due(
+                spec.key,
+                due,
+                reason=decision.reason,
+                max_attempts=spec.max_attempts,
+                now=at,
+                connection=conn,
+            )
+            return TickHold(entry, decision.reason)
+        if decision.action is not OverlapAction.WAIT:
             return None
-        entry, _ = ledger.record_skipped_due(
-            spec.key,
-            due,
-            reason=decision.reason,
+        entry = ledger.ensure_entry(
+            task_key=spec.key,
+            trigger=Trigger.SCHEDULE,
+            dedup_key=due.key,
+            due=due,
             max_attempts=spec.max_attempts,
             now=at,
             connection=conn,
         )
-        return entry
+        summary = {**with_summary_lists(entry.summary), SUMMARY_OVERLAP_HELD: decision.reason}
+        entry = ledger.set_summary(conn, entry.id, summary, at)
+        _set_waiter(conn, spec.key, entry.id, None, None, at)
+        return TickHold(entry, decision.reason)
+
+
+def released_waiters(
+    ledger: Ledger, task_keys: Sequence[str], *, now: datetime | None = None
+) -> list[Entry]:
+    """The waiters held at their tick (:func:`decide_at_tick`) of the tasks ``task_keys`` whose
+    task is free now: each one's run is to be launched. A waiter whose task is still in
+    progress keeps waiting; one that is no longer ``queued`` (its run claimed it, an operator
+    or a pause ended it) is no waiter. Read only: the launched run's claim clears the mark,
+    and a run launched twice for one waiter is refused by the claim like any duplicate."""
+    if not task_keys:
+        return []
+    at = ledger.clock(now)
+    held = (
+        sa.select(task_locks)
+        .where(task_locks.c.task_key.in_(sorted(set(task_keys))))
+        .where(task_locks.c.waiting_entry_id.is_not(None))
+        .where(task_locks.c.waiting_run_id.is_(None))
+        .where(task_locks.c.waiting_until.is_(None))
+    )
+    released: list[Entry] = []
+    with ledger.connect("autocommit") as conn:
+        for lock in conn.execute(held).mappings().all():
+            in_progress, live = _busy(conn, lock["task_key"], lock, at)
+            if live is None or in_progress:
+                continue
+            released.append(ledger.load(conn, int(live)))
+    return released
 
 
 def replace(entry: EntryState, *, by_entry: int, by_run: str, now: datetime) -> Decision:
@@ -353,10 +424,29 @@ def _busy(
         .where(entries.c.task_key == task_key, entries.c.status.in_(IN_PROGRESS))
         .order_by(entries.c.id)
     ).scalars()
+    return [int(i) for i in in_progress], _live_waiter(conn, lock, at)
+
+
+def _held_at_tick(lock: sa.RowMapping, entry_id: int) -> bool:
+    """The lock row marks ``entry_id`` as a waiter held at its tick (no run, no lease)."""
+    return (
+        lock["waiting_entry_id"] == entry_id
+        and lock["waiting_run_id"] is None
+        and lock["waiting_until"] is None
+    )
+
+
+def _live_waiter(conn: Connection, lock: sa.RowMapping, at: datetime) -> int | None:
+    """The task's waiter now: a run that waits in its worker while it renews its mark
+    (``waiting_until`` ahead), or an entry held at its tick while it is still ``queued``."""
     waiter = lock["waiting_entry_id"]
+    if waiter is None:
+        return None
+    if _held_at_tick(lock, waiter):
+        status = conn.execute(sa.select(entries.c.status).where(entries.c.id == waiter)).scalar()
+        return int(waiter) if status == Status.QUEUED else None
     until = from_db(lock["waiting_until"])
-    live = waiter if waiter is not None and until is not None and until > at else None
-    return [int(i) for i in in_progress], live
+    return int(waiter) if until is not None and until > at else None
 
 
 def _set_waiter(

@@ -35,7 +35,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.declarations import DeclaredTask, task_registry
-from orchestration.overlap import pool_of, skip_at_tick
+from orchestration.overlap import TickHold, decide_at_tick, pool_of
 from orchestration.pause import tick_skip_reason
 from orchestration.services.dagster_runs import (
     dagster_will_retry_failure,
@@ -73,6 +73,7 @@ from orchestration.task_spec import (
 )
 from orchestration.timetable import decide_tick
 from resources.core import tags as t
+from resources.core.due import Due
 from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.ledger import RunLedger
 
@@ -584,6 +585,21 @@ class _ContextLog:
         return self._context.log.warning(msg, *args, **kwargs)
 
 
+def _held_reason(view: TaskView, due: Due, held: TickHold) -> str:
+    """The tick's skip reason for a due decided at its tick (:func:`decide_at_tick`)."""
+    entry, policy = held.entry, view.spec.overlap_policy
+    if held.waits:
+        return (
+            f"{view.spec.key} {due.text}: waits for its turn ({held.reason}; overlap {policy}): "
+            f"entry {entry.id} is queued as the task's waiter, with no run yet; ledger_sensor "
+            f"launches its run once the task is free (`dueledger runs show {entry.id}`)"
+        )
+    return (
+        f"{view.spec.key} {due.text}: skipped ({entry.error}; overlap {policy}): entry "
+        f"{entry.id} records it; no run was requested (`dueledger runs show {entry.id}`)"
+    )
+
+
 def task_schedule(
     view: TaskView,
     job: dg.UnresolvedAssetJobDefinition,
@@ -607,13 +623,9 @@ def task_schedule(
         paused = tick_skip_reason(ledger, view.spec.key, due)
         if paused is not None:
             return dg.SkipReason(paused)
-        skipped = skip_at_tick(ledger, view.spec, due)
-        if skipped is not None:
-            return dg.SkipReason(
-                f"{view.spec.key} {due.text}: skipped ({skipped.error}; overlap "
-                f"{view.spec.overlap_policy}): entry {skipped.id} records it; no run was "
-                f"requested (`dueledger runs show {skipped.id}`)"
-            )
+        held = decide_at_tick(ledger, view.spec, due)
+        if held is not None:
+            return dg.SkipReason(_held_reason(view, due, held))
         return gate_run_request(request, hooks, log=_ContextLog(context))
 
     metadata: dict[str, Any] = dict(_metadata(view))

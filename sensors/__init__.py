@@ -11,10 +11,12 @@ One module per duty; ``build_sensors`` makes what the code location registers:
   - slot health (health.py): one warning per slot when anything is wrong, and the checks;
   - re-dispatch (redispatch.py): dispatch_failed -> re-dispatch in its slot (run keys
     ``<task>@<due>#redispatch-<n>``);
+  - waiters (waiters.py): the run of a ``buffer_one`` due that waited for its turn without
+    one, once its task is free (run keys ``<task>@<due>#waiter``);
 - ``<task>_catch_up_sensor`` (catch_up.py, catch_up tasks only): missed dues, once each.
 
-Each duty can also be built as a sensor of its own (``build_outcome_sensor``, ...), as tests
-do to tick one duty.
+Each duty but waiters can also be built as a sensor of its own (``build_outcome_sensor``,
+...), as tests do to tick one duty.
 """
 
 from __future__ import annotations

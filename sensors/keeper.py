@@ -2,10 +2,10 @@
 30 to 60 s (60 s on 15-minute slots; ``DUELEDGER_KEEPER_INTERVAL_SECONDS`` sets it).
 
 Each tick runs the duties in turn -- outcomes (``sensors/outcomes.py``), reclaim
-(``reclaim.py``), policies (``policies.py``), slot health (``health.py``) and re-dispatch
-(``redispatch.py``) -- and returns what they return together: the re-dispatch duty's run
-requests, slot health's check evaluations, and one cursor holding each duty's own
-(``{"outcomes": ..., "slot_health": ...}``).
+(``reclaim.py``), policies (``policies.py``), slot health (``health.py``), re-dispatch
+(``redispatch.py``) and waiters (``waiters.py``) -- and returns what they return together:
+the run requests of re-dispatch and waiters, slot health's check evaluations, and one cursor
+holding each duty's own (``{"outcomes": ..., "slot_health": ...}``).
 
 Why one sensor: Dagster's sensor daemon stores a tick for every evaluation of every sensor
 (``_get_evaluation_tick`` in ``dagster/_daemon/sensor.py``; run-status sensors too), and five
@@ -40,6 +40,7 @@ from sensors.policies import policy_duty
 from sensors.reclaim import reclaim_duty
 from sensors.redispatch import redispatch_duty
 from sensors.support import Duty, ledger_sensor
+from sensors.waiters import waiter_duty
 
 KEEPER_SENSOR: Final = "ledger_sensor"
 #: How often the keeper runs on 15-minute slots: each duty's delay is at most this
@@ -68,10 +69,11 @@ class _DutyView:
 def keeper_duties(views: Sequence[TaskView]) -> list[Duty]:
     """The duties of the keeper, in the order each tick runs them: outcomes and reclaim
     first (they end entries), then the policies that read those ends (pause after failures),
-    then slot health (which reports them), then re-dispatch."""
+    then slot health (which reports them), then re-dispatch, then the waiters whose task an
+    ended entry freed this very tick."""
     duties = [outcome_duty(views), reclaim_duty(), policy_duty(views), slot_health_duty(views)]
     if views:
-        duties.append(redispatch_duty(views))
+        duties += [redispatch_duty(views), waiter_duty(views)]
     return duties
 
 

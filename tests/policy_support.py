@@ -26,6 +26,7 @@ from dagster_internals import (
     execute_run_in_thread,
     instigator_ticks,
     run_scheduler_tick,
+    run_sensor_tick,
 )
 
 from resources.core import tags as t
@@ -71,6 +72,13 @@ class World:
         """Tick the scheduler for the due ``slots`` after the first; the runs it made."""
         before = {r.run_id for r in self.instance.get_runs()}
         run_scheduler_tick(self.ctx, self.at(slots) + timedelta(seconds=5))
+        return sorted({r.run_id for r in self.instance.get_runs()} - before)
+
+    def keep(self, slots: int, seconds: int = 30) -> list[str]:
+        """Tick the sensor daemon (``ledger_sensor``) ``seconds`` into the slot ``slots`` after
+        the first due; the runs it made."""
+        before = {r.run_id for r in self.instance.get_runs()}
+        run_sensor_tick(self.ctx, self.at(slots) + timedelta(seconds=seconds))
         return sorted({r.run_id for r in self.instance.get_runs()} - before)
 
     def tick_reason(self) -> str:

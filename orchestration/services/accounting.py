@@ -22,6 +22,7 @@ import dagster as dg
 
 from orchestration.deadline import DeadlineMiss, deadline_misses
 from orchestration.missed_dues import DueVerdict, due_verdict, expected_dues, scheduling_of
+from orchestration.overlap import SUMMARY_OVERLAP_HELD
 from orchestration.pause import open_pauses, skipped_for_pause
 from orchestration.services.summary import first_line
 from orchestration.task_spec import TaskView
@@ -211,7 +212,11 @@ def _account(
                 f"lease expired at {expires:%Y-%m-%dT%H:%M:%SZ}; ledger_sensor (reclaim) fails it",
                 entry,
             )
-        return answer(STATE_RUNNING, True, f"due {due}: entry {entry.id} is {entry.status}", entry)
+        held = entry.summary.get(SUMMARY_OVERLAP_HELD) if entry.status == Status.QUEUED else None
+        waits = f", waiting for its turn ({held})" if held else ""
+        return answer(
+            STATE_RUNNING, True, f"due {due}: entry {entry.id} is {entry.status}{waits}", entry
+        )
     retried = _retried_success(ledger, entry)
     if retried is not None:
         return answer(

@@ -25,6 +25,7 @@ ORIGIN_DUE: Final = "due"
 _KEY_PREFIX: Final = f"{ORIGIN_DUE}:"
 _REDISPATCH: Final = "#redispatch-"
 _TASK_SEPARATOR: Final = "@"
+_WAITER: Final = "#waiter"
 
 
 def floor_to_slot(instant: datetime, slot_minutes: int) -> datetime:
@@ -112,6 +113,14 @@ class Due:
             raise ValueError(f"task key {task_key!r} cannot qualify a run key")
         prefix = f"{task_key}{_TASK_SEPARATOR}" if task_key is not None else ""
         return f"{prefix}{self.text}{_REDISPATCH}{number}"
+
+    def waiter_run_key(self, task_key: str) -> str:
+        """``<task>@<text>#waiter``: the run key of the run launched for the due once its
+        task is free, after the due waited for its turn without a run (overlap
+        ``buffer_one``); one per (task, due), so a launch asked twice is one run."""
+        if not task_key or _TASK_SEPARATOR in task_key:
+            raise ValueError(f"task key {task_key!r} cannot qualify a run key")
+        return f"{task_key}{_TASK_SEPARATOR}{self.text}{_WAITER}"
 
     def __str__(self) -> str:
         return self.text

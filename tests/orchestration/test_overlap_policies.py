@@ -119,28 +119,45 @@ def test_a_queued_manual_launch_waits_for_its_turn(world: World) -> None:
 
 
 @pytest.mark.parametrize("world", ["buffer_task"], indirect=True)
-def test_buffer_one_runs_one_waiter_after_and_skips_the_rest(world: World) -> None:
+def test_buffer_one_holds_one_waiter_without_a_run_and_skips_the_rest(world: World) -> None:
     first = world.start(world.due(0))
     world.wait_claimed(1)
-    waiter_run = world.due(1)
-    waiter = world.start(waiter_run)
-    _until(lambda: world.ledger.find("buffer_task", _due_key(1)) is not None)
-    third_run = world.ui_launch()
-    world.start(third_run).join(timeout=60)
+    busy = world.ledger.in_progress("buffer_task")[0]
+    # The next due finds the task at work: its tick requests no run (so no run worker waits)
+    # and holds the due as the task's waiter -- once, however often the tick is evaluated.
+    for _ in range(2):
+        assert world.tick(1) == []
     waiting = world.ledger.find("buffer_task", _due_key(1))
     assert waiting is not None and waiting.status == Status.QUEUED
+    assert not waiting.run_ids
+    reason = world.tick_reason()
+    assert f"entry {waiting.id} is queued as the task's waiter, with no run yet" in reason
+    assert f"overlap: entry {busy.id} running" in reason
+    # A UI launch meanwhile is skipped at its claim, the due after at its tick.
+    third_run = world.ui_launch()
+    world.start(third_run).join(timeout=60)
     assert world.outcome(third_run) == ("CANCELED", t.OUTCOME_SKIPPED)
     assert world.entry_of(third_run).error == f"overlap: entry {waiting.id} already waiting"
-    # The next due finds the waiter at its tick: no run is requested for it.
     assert world.tick(2) == []
     late = world.ledger.find("buffer_task", _due_key(2))
     assert late is not None and late.status == Status.SKIPPED
     assert late.error == f"overlap: entry {waiting.id} already waiting"
+    # While the task is at work, ledger_sensor launches nothing.
+    assert world.keep(2) == []
     world.release()
     first.join(timeout=60)
-    waiter.join(timeout=60)
+    # Once it is free, ledger_sensor launches the waiter's run, and only one: asked again
+    # before that run claims, it gets the same run key and Dagster finds the run it made.
+    (waiter_run,) = world.keep(3)
+    assert world.keep(4) == []
+    world.start(waiter_run).join(timeout=60)
     assert world.outcome(waiter_run) == ("SUCCESS", None)
+    assert world.entry_of(waiter_run).id == waiting.id
+    assert world.ledger.get(waiting.id).status == Status.SUCCESS  # type: ignore[union-attr]
+    assert world.keep(5) == []  # the waiter is gone
     assert len(world.effects()) == 2  # the first run and its one waiter
+    # Dagster runs: the first due's, the UI launch, the waiter's; none for the skipped due.
+    assert len(world.instance.get_runs()) == 3
 
 
 @pytest.mark.parametrize("world", ["replace_task"], indirect=True)

@@ -10,7 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from orchestration.overlap import OverlapAction, claim_with_overlap
+from orchestration.overlap import (
+    OverlapAction,
+    TickHold,
+    claim_with_overlap,
+    decide_at_tick,
+    released_waiters,
+)
 from orchestration.pause import (
     PAUSE_AFTER_FAILURES,
     PAUSE_CLI,
@@ -18,6 +24,8 @@ from orchestration.pause import (
     open_pause,
     open_pauses,
 )
+from orchestration.task_spec import OverlapPolicy, TaskSpec
+from orchestration.timetable import EverySlots
 from resources.core.due import Due
 from resources.core.entry import Entry, FailureKind, Status, Trigger
 from resources.core.fence import Fence
@@ -159,15 +167,9 @@ def test_two_runs_starting_at_once_decide_one_after_the_other(ledger: RunLedger)
 
 
 def test_two_daemons_ticking_a_due_the_ledger_skips_record_it_once(ledger: RunLedger) -> None:
-    # The tick's decision (skip_at_tick): both ticks of the same due request no run and
+    # The tick's decision (decide_at_tick): both ticks of the same due request no run and
     # find one skipped entry, whichever wrote it.
-    from orchestration.overlap import skip_at_tick
-    from orchestration.task_spec import OverlapPolicy, TaskSpec
-    from orchestration.timetable import EverySlots
-
-    spec = TaskSpec(
-        key=TASK, rule=EverySlots(1), declared_cadence="x", overlap_policy=OverlapPolicy.SKIP
-    )
+    spec = _spec(OverlapPolicy.SKIP)
     busy = running(ledger)
     due = Due(DUE + SLOT)
     barrier = threading.Barrier(4)
@@ -175,7 +177,8 @@ def test_two_daemons_ticking_a_due_the_ledger_skips_record_it_once(ledger: RunLe
 
     def tick() -> None:
         barrier.wait()
-        found.append(skip_at_tick(ledger, spec, due))
+        held = decide_at_tick(ledger, spec, due)
+        found.append(held.entry if held else None)
 
     threads = [threading.Thread(target=tick) for _ in range(4)]
     for thread in threads:
@@ -188,8 +191,68 @@ def test_two_daemons_ticking_a_due_the_ledger_skips_record_it_once(ledger: RunLe
     assert skipped.error == f"overlap: entry {busy.id} running"
     # The task free again, the next due is left to its run.
     ledger.succeed(busy.id, busy.lease_owner or "run-a")
-    assert skip_at_tick(ledger, spec, Due(DUE + 2 * SLOT)) is None
+    assert decide_at_tick(ledger, spec, Due(DUE + 2 * SLOT)) is None
     assert ledger.find(TASK, Due(DUE + 2 * SLOT).key) is None
+
+
+def test_buffer_one_holds_one_due_at_its_tick_without_a_run_until_the_task_is_free(
+    ledger: RunLedger,
+) -> None:
+    spec = _spec(OverlapPolicy.BUFFER_ONE)
+    busy = running(ledger)
+    assert released_waiters(ledger, [TASK]) == []
+    # Two daemons tick the next due: one waiter, queued, held by no run.
+    barrier = threading.Barrier(3)
+    held: list[TickHold | None] = []
+
+    def tick() -> None:
+        barrier.wait()
+        held.append(decide_at_tick(ledger, spec, Due(DUE + SLOT)))
+
+    threads = [threading.Thread(target=tick) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    waiter = ledger.find(TASK, Due(DUE + SLOT).key)
+    assert waiter is not None and waiter.status == Status.QUEUED and not waiter.run_ids
+    assert [(h.entry.id, h.waits, h.reason) for h in held if h] == 3 * [
+        (waiter.id, True, f"overlap: entry {busy.id} running")
+    ]
+    # The due after is skipped at its tick, and so is a run that claims meanwhile.
+    later = decide_at_tick(ledger, spec, Due(DUE + 2 * SLOT))
+    assert later is not None and later.entry.status == Status.SKIPPED
+    assert later.entry.error == f"overlap: entry {waiter.id} already waiting"
+    other = due_entry(ledger, 3)
+    found = claim_with_overlap(ledger, other.id, "run-x", policy="buffer_one", lease_ttl=TTL)
+    assert found.decision.action is OverlapAction.SKIP
+    # Still busy: nothing to launch. Free: the waiter is released; its run claims it.
+    assert released_waiters(ledger, [TASK, "other_task"]) == []
+    ledger.succeed(busy.id, "run-a")
+    assert [e.id for e in released_waiters(ledger, [TASK])] == [waiter.id]
+    assert released_waiters(ledger, ["other_task"]) == []
+    claimed = claim_with_overlap(ledger, waiter.id, "run-w", policy="buffer_one", lease_ttl=TTL)
+    assert claimed.decision.action is OverlapAction.CLAIM and claimed.claim is not None
+    assert released_waiters(ledger, [TASK]) == []  # claimed: no longer a waiter
+
+
+def test_a_held_waiter_ended_otherwise_no_longer_holds_the_task(ledger: RunLedger) -> None:
+    # A waiter skipped by a pause (or ended by an operator) is no waiter: the next due that
+    # finds the task busy becomes the waiter, instead of every due being skipped for good.
+    spec = _spec(OverlapPolicy.BUFFER_ONE)
+    running(ledger)
+    first = decide_at_tick(ledger, spec, Due(DUE + SLOT))
+    assert first is not None and first.waits
+    ledger.skip_entry(first.entry.id, reason="paused by alice: migration")
+    second = decide_at_tick(ledger, spec, Due(DUE + 2 * SLOT))
+    assert second is not None and second.waits and second.entry.id != first.entry.id
+    # The skipped due, ticked again, still answers as it was written.
+    again = decide_at_tick(ledger, spec, Due(DUE + SLOT))
+    assert again is not None and not again.waits and again.entry.id == first.entry.id
+
+
+def _spec(policy: OverlapPolicy) -> TaskSpec:
+    return TaskSpec(key=TASK, rule=EverySlots(1), declared_cadence="x", overlap_policy=policy)
 
 
 def test_a_paused_due_is_written_once(ledger: RunLedger) -> None:

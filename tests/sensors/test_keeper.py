@@ -56,7 +56,14 @@ def test_one_tick_runs_every_duty_and_keeps_a_cursor_for_each(ledger: RunLedger)
     reason = result.skip_reason.skip_message
     # Each duty reported, in order, under its name.
     names = [d.name for d in keeper.keeper_duties(views)]
-    assert names == ["outcomes", "reclaim", "policies", "slot_health", "redispatch"]
+    assert names == [
+        "outcomes",
+        "reclaim",
+        "policies",
+        "slot_health",
+        "redispatch",
+        "waiters",
+    ]
     positions = [reason.index(f"{name}: ") for name in names]
     assert positions == sorted(positions), reason
     assert "reclaim: reclaimed 1 expired lease(s)" in reason
