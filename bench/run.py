@@ -35,8 +35,9 @@ script merges them:
   ``ledger_health`` materialized in process (target <= 5 s at 100,000 entries), and a zoned
   rule's dues against the same in UTC (target <= 2x).
 - ``skipped_dues``: ``bench/skipped_dues.py`` -- dues the ledger skips (overlap ``skip``, the
-  task busy) through the real scheduler: Dagster runs created per due (target 0, against a
-  plain schedule's 1), the skipped dues recorded once each, and the tick's CPU per due.
+  task busy) or holds as the task's waiter (``buffer_one``) through the real scheduler:
+  Dagster runs created per due (target 0, against a plain schedule's 1), the dues recorded
+  once each, and the tick's CPU per due.
 
 Default sizes are small (a few minutes); ``--full`` uses the target sizes (1,000,000
 entries and rows, N = 200 schedules due at once: about half an hour on 2 cores). The table

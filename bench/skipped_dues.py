@@ -1,4 +1,4 @@
-"""Benchmark: what a due the ledger skips costs -- decided at the schedule's tick.
+"""Benchmark: what a due the ledger skips, or holds as a waiter, costs -- decided at the tick.
 
     uv run --frozen python bench/skipped_dues.py [--tasks N] [--repeat R] [--json PATH]
 
@@ -14,12 +14,16 @@ nothing executes), N schedules due at the same instant, a fresh instance per rep
 
 - **skipped**: N dueledger tasks with overlap ``skip``, each with an entry running in the
   ledger: the tick asks the overlap rule and requests nothing;
+- **held**: the same under ``buffer_one``: each due becomes its task's waiter, ``queued`` in
+  the ledger with no run (``ledger_sensor`` launches it once the task is free). It used to
+  be a run that waited in its worker, polling the ledger, for as long as the task ran;
 - **plain** (the baseline, and what each of these dues cost before, up to the worker): N
   plain Dagster cron schedules of the same jobs, each requesting and launching its run.
 
-Rows: Dagster runs created per skipped due (target 0; the baseline's 1 is what each skipped
-due used to create, and every such run then paid a run worker's start), the skipped dues the
-ledger recorded (target N, once each), and the tick's CPU per due against the plain tick's.
+Rows: Dagster runs created per skipped or held due (target 0; the baseline's 1 is what each
+such due used to create, and every such run then paid a run worker's start), the dues the
+ledger recorded skipped or held (target N, once each), and the tick's CPU per due against the
+plain tick's.
 """
 
 from __future__ import annotations
@@ -60,7 +64,10 @@ from resources.core.entry import Status, Trigger
 from resources.core.settings import ENV_DATABASE_URL
 from resources.ledger import RunLedger
 
-VARIANTS = ("plain", "skipped")
+VARIANTS = ("plain", "skipped", "held")
+#: Each dueledger variant's overlap policy, and the status its dues are recorded with.
+POLICY = {"skipped": OverlapPolicy.SKIP, "held": OverlapPolicy.BUFFER_ONE}
+RECORDED = {"skipped": Status.SKIPPED, "held": Status.QUEUED}
 LEDGER_FILE = "skipped_dues_ledger.sqlite"
 
 
@@ -71,13 +78,13 @@ def build_definitions(variant: str, n: int) -> dg.Definitions:
             key=task_key(i),
             rule=EverySlots(1),
             declared_cadence="every slot",
-            overlap_policy=OverlapPolicy.SKIP,
+            overlap_policy=POLICY.get(variant, OverlapPolicy.SKIP),
         )
         for i in range(n)
     ]
     views = build_views(specs, SLOT_MINUTES, "UTC")
     assets = [_trivial_asset(s.asset) for s in specs]
-    if variant == "skipped":
+    if variant in POLICY:
         jobs, schedules = task_jobs_and_schedules(views, hooks=Hooks.from_environment())
         return dg.Definitions(
             assets=assets,
@@ -145,10 +152,11 @@ def measure_once(target: CodeTarget, variant: str, n: int, directory: Path) -> d
             run_scheduler_tick(ctx, AT_DUE, iteration_times=iteration_times)
             cpu = time.process_time() - started
             runs = instance.get_runs_count()
-        skipped = [
+        status = RECORDED.get(variant, Status.SKIPPED)
+        recorded = [
             e
-            for e in ledger.list_entries(statuses=[Status.SKIPPED], limit=10 * n)[0]
-            if e.due is not None and e.due == DUE
+            for e in ledger.list_entries(statuses=[status], limit=10 * n)[0]
+            if e.due is not None and e.due == DUE and not e.run_ids
         ]
     finally:
         ledger.dispose()
@@ -156,7 +164,7 @@ def measure_once(target: CodeTarget, variant: str, n: int, directory: Path) -> d
             os.environ.pop(ENV_DATABASE_URL, None)
         else:
             os.environ[ENV_DATABASE_URL] = previous
-    return {"cpu": cpu, "runs": runs, "skipped": len(skipped)}
+    return {"cpu": cpu, "runs": runs, "recorded": len(recorded)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,45 +187,51 @@ def main(argv: list[str] | None = None) -> int:
                 result = measure_once(targets[variant], variant, n, base / f"{variant}-{r}")
                 found[variant].append(result)
                 print(f"  repeat {r + 1} {variant}: {result}", flush=True)
-    skipped_runs = max(x["runs"] for x in found["skipped"]) / n
-    plain_runs = min(x["runs"] for x in found["plain"]) / n
-    recorded = min(x["skipped"] for x in found["skipped"])
-    cpu = statistics.median(x["cpu"] for x in found["skipped"]) / n
     base_cpu = statistics.median(x["cpu"] for x in found["plain"]) / n
-    rows = [
-        Row(
-            area="skipped dues",
-            measurement="Dagster runs created per due the ledger skips (overlap skip, task busy)",
-            size=f"N={n} due at once, {args.repeat} repeats",
-            value=skipped_runs,
-            unit="runs/due",
-            baseline=plain_runs,
-            baseline_label="a plain schedule's due (what each skipped due created before)",
-            target="0",
-            met=skipped_runs == 0,
-            kind="check",
-        ),
-        Row(
-            area="skipped dues",
-            measurement="skipped dues recorded in the ledger, once each",
-            size=f"N={n}",
-            value=float(recorded),
-            unit="entries",
-            target=str(n),
-            met=recorded == n,
-            kind="check",
-        ),
-        Row(
-            area="skipped dues",
-            measurement="scheduler iteration CPU (this process) per skipped due",
-            size=f"N={n} due at once",
-            value=round(cpu, 5),
-            unit="s/due",
-            baseline=round(base_cpu, 5),
-            baseline_label="a plain schedule's due, its run created and launched (no worker)",
-            ratio=round(cpu / base_cpu, 2) if base_cpu else None,
-        ),
-    ]
+    plain_runs = min(x["runs"] for x in found["plain"]) / n
+    rows: list[Row] = []
+    for variant, (words, policy) in {
+        "skipped": ("due the ledger skips", "skip"),
+        "held": ("due held as its task's waiter", "buffer_one"),
+    }.items():
+        runs = max(x["runs"] for x in found[variant]) / n
+        recorded = min(x["recorded"] for x in found[variant])
+        cpu = statistics.median(x["cpu"] for x in found[variant]) / n
+        rows += [
+            Row(
+                area="skipped dues",
+                measurement=f"Dagster runs created per {words} (overlap {policy}, task busy)",
+                size=f"N={n} due at once, {args.repeat} repeats",
+                value=runs,
+                unit="runs/due",
+                baseline=plain_runs,
+                baseline_label="a plain schedule's due (what each such due created before)",
+                target="0",
+                met=runs == 0,
+                kind="check",
+            ),
+            Row(
+                area="skipped dues",
+                measurement=f"dues recorded {RECORDED[variant]} without a run, once each "
+                f"(overlap {policy})",
+                size=f"N={n}",
+                value=float(recorded),
+                unit="entries",
+                target=str(n),
+                met=recorded == n,
+                kind="check",
+            ),
+            Row(
+                area="skipped dues",
+                measurement=f"scheduler iteration CPU (this process) per {words}",
+                size=f"N={n} due at once",
+                value=round(cpu, 5),
+                unit="s/due",
+                baseline=round(base_cpu, 5),
+                baseline_label="a plain schedule's due, its run created and launched (no worker)",
+                ratio=round(cpu / base_cpu, 2) if base_cpu else None,
+            ),
+        ]
     for row in rows:
         print(
             f"{row.area:13} {row.measurement[:72]:72} {row.value:>9} {row.unit:9} "
