@@ -13,9 +13,10 @@ and the ledger transaction that applies it.
     ``overlap: entry N running``;
   - ``buffer_one``: the first such run waits (its run polls until the task is free, then
     claims); any further one while it waits ends ``skipped``, ``overlap: entry M already
-    waiting``. A due that finds the task busy waits without a run at all: its tick writes
-    the entry ``queued`` and marks it the task's waiter (:func:`decide_at_tick`), and
-    ``ledger_sensor`` launches its run once the task is free (:func:`released_waiters`);
+    waiting``. A scheduled due waits without a run at all: its tick writes the entry
+    ``queued``, held (:func:`decide_at_tick`), and ``ledger_sensor`` launches its run once
+    the task is free (:func:`released_waiters`). A held due counts in line: the first held
+    one goes next, and a due after it is held behind it, or skipped if one is already;
   - ``replace``: the new run claims, and the entry in progress ends ``failed``, kind
     ``replaced``, naming the new entry; the replacement is audited in the same transaction.
 
@@ -115,6 +116,10 @@ def waiting_reason(other: int) -> str:
     return f"overlap: entry {other} already waiting"
 
 
+def next_reason(other: int) -> str:
+    return f"overlap: entry {other} runs first"
+
+
 def decide_overlap(
     policy: str,
     entry_id: int,
@@ -187,8 +192,11 @@ def decide_at_tick(
     - overlap ``skip`` with the task in progress, ``buffer_one`` with a waiter already there:
       the due's entry is written ``skipped``;
     - ``buffer_one`` with the task in progress and no waiter: the due's entry is written
-      ``queued`` and marked the task's waiter, held by no run and no worker;
+      ``queued`` and held (``summary.overlap_held`` says why), with no run and no worker;
       :func:`released_waiters` gives it to ``ledger_sensor`` to launch once the task is free.
+      A held due whose run is not launched yet stands for the run in progress when the task
+      is free: the next due is held behind it (``overlap: entry N runs first``), so held
+      dues run in the order of their dues.
 
     Either way the tick requests no run. None: request the run (its claim decides again,
     for a run that starts after the task became busy). A tick evaluated again (two daemons,
@@ -216,11 +224,17 @@ def decide_at_tick(
             found = entry_from_row(existing)
             if found.status == Status.SKIPPED:
                 return TickHold(found, found.error or "skipped")
-            if _held_at_tick(lock, found.id) and found.status == Status.QUEUED:
-                return TickHold(found, found.summary.get(SUMMARY_OVERLAP_HELD) or "waiting")
+            if is_held(found):
+                return TickHold(found, str(found.summary[SUMMARY_OVERLAP_HELD]))
             return None
         in_progress, live = _busy(conn, spec.key, lock, at)
-        decision = decide_overlap(spec.overlap_policy, 0, in_progress, live)
+        held = _held(conn, spec.key) if spec.overlap_policy == OverlapPolicy.BUFFER_ONE else []
+        # A held due not launched yet is next in line: it stands for the run in progress.
+        ahead, behind = (in_progress, held) if in_progress else (held[:1], held[1:])
+        waiter = live if live is not None else (behind[0] if behind else None)
+        decision = decide_overlap(spec.overlap_policy, 0, ahead, waiter)
+        if decision.action is OverlapAction.WAIT and not in_progress:
+            decision = OverlapDecision(OverlapAction.WAIT, next_reason(ahead[0]), ahead[0])
         if decision.action is OverlapAction.SKIP:
             entry, _ = ledger.record_skipped_due(
                 spec.key,
@@ -244,35 +258,52 @@ def decide_at_tick(
         )
         summary = {**with_summary_lists(entry.summary), SUMMARY_OVERLAP_HELD: decision.reason}
         entry = ledger.set_summary(conn, entry.id, summary, at)
-        _set_waiter(conn, spec.key, entry.id, None, None, at)
         return TickHold(entry, decision.reason)
+
+
+def is_held(entry: Entry) -> bool:
+    """A due held at its tick (:func:`decide_at_tick`) whose run has not claimed it yet."""
+    return (
+        entry.status == Status.QUEUED
+        and bool(entry.summary.get(SUMMARY_OVERLAP_HELD))
+        and not entry.run_ids
+    )
 
 
 def released_waiters(
     ledger: Ledger, task_keys: Sequence[str], *, now: datetime | None = None
 ) -> list[Entry]:
-    """The waiters held at their tick (:func:`decide_at_tick`) of the tasks ``task_keys`` whose
-    task is free now: each one's run is to be launched. A waiter whose task is still in
-    progress keeps waiting; one that is no longer ``queued`` (its run claimed it, an operator
-    or a pause ended it) is no waiter. Read only: the launched run's claim clears the mark,
-    and a run launched twice for one waiter is refused by the claim like any duplicate."""
+    """For each of the tasks ``task_keys`` that is free now (no entry running or retrying, no
+    run waiting in its worker), its first held due (:func:`decide_at_tick`): the one whose
+    run is to be launched. The others wait their turn. Read only, no lock: a run launched
+    twice for one held due is refused by the claim like any duplicate run, and the run key
+    of the launch is one per due."""
     if not task_keys:
         return []
     at = ledger.clock(now)
-    held = (
-        sa.select(task_locks)
-        .where(task_locks.c.task_key.in_(sorted(set(task_keys))))
-        .where(task_locks.c.waiting_entry_id.is_not(None))
-        .where(task_locks.c.waiting_run_id.is_(None))
-        .where(task_locks.c.waiting_until.is_(None))
+    queued = (
+        sa.select(entries)
+        .where(entries.c.task_key.in_(sorted(set(task_keys))))
+        .where(entries.c.status == Status.QUEUED, entries.c.origin == Origin.DUE)
+        .order_by(entries.c.due, entries.c.id)
     )
     released: list[Entry] = []
     with ledger.connect("autocommit") as conn:
-        for lock in conn.execute(held).mappings().all():
-            in_progress, live = _busy(conn, lock["task_key"], lock, at)
-            if live is None or in_progress:
-                continue
-            released.append(ledger.load(conn, int(live)))
+        first: dict[str, Entry] = {}
+        for row in conn.execute(queued).mappings():
+            entry = entry_from_row(row)
+            if is_held(entry):
+                first.setdefault(entry.task_key, entry)
+        for task_key, entry in first.items():
+            lock = (
+                conn.execute(sa.select(task_locks).where(task_locks.c.task_key == task_key))
+                .mappings()
+                .first()
+            )
+            in_progress = _in_progress(conn, task_key)
+            live = _live_waiter(lock, at) if lock is not None else None
+            if not in_progress and live is None:
+                released.append(entry)
     return released
 
 
@@ -358,7 +389,11 @@ def claim_with_overlap(
         if entry.status not in CLAIMABLE_STATUSES or entry.attempt > 0:
             return _plain_claim(ledger, conn, entry, run_id, at, ttl)
         in_progress, live = _busy(conn, task_key, lock, at)
-        decision = decide_overlap(policy, entry.id, in_progress, live, wait_turn=wait_turn)
+        held = _held(conn, task_key) if policy == OverlapPolicy.BUFFER_ONE else []
+        # Held dues ahead of this entry wait their turn before it (after the run in progress).
+        before = held[: held.index(entry.id)] if entry.id in held else held
+        waiter = live if live is not None else (before[0] if in_progress and before else None)
+        decision = decide_overlap(policy, entry.id, in_progress, waiter, wait_turn=wait_turn)
         if decision.action is OverlapAction.WAIT:
             if not wait_turn and (live is None or live == entry.id):
                 _set_waiter(conn, task_key, entry.id, run_id, at + wait_lease, at)
@@ -419,34 +454,35 @@ def _busy(
 ) -> tuple[list[int], int | None]:
     """The task's entries in progress (oldest first) and its live waiter, read under its lock
     row: what :func:`decide_overlap` is asked with, at the claim and at the tick."""
-    in_progress = conn.execute(
+    return _in_progress(conn, task_key), _live_waiter(lock, at)
+
+
+def _in_progress(conn: Connection, task_key: str) -> list[int]:
+    query = (
         sa.select(entries.c.id)
         .where(entries.c.task_key == task_key, entries.c.status.in_(IN_PROGRESS))
         .order_by(entries.c.id)
-    ).scalars()
-    return [int(i) for i in in_progress], _live_waiter(conn, lock, at)
-
-
-def _held_at_tick(lock: sa.RowMapping, entry_id: int) -> bool:
-    """The lock row marks ``entry_id`` as a waiter held at its tick (no run, no lease)."""
-    return (
-        lock["waiting_entry_id"] == entry_id
-        and lock["waiting_run_id"] is None
-        and lock["waiting_until"] is None
     )
+    return [int(i) for i in conn.execute(query).scalars()]
 
 
-def _live_waiter(conn: Connection, lock: sa.RowMapping, at: datetime) -> int | None:
-    """The task's waiter now: a run that waits in its worker while it renews its mark
-    (``waiting_until`` ahead), or an entry held at its tick while it is still ``queued``."""
+def _live_waiter(lock: sa.RowMapping, at: datetime) -> int | None:
+    """The run that waits for its turn in its worker, while it renews its mark."""
     waiter = lock["waiting_entry_id"]
-    if waiter is None:
-        return None
-    if _held_at_tick(lock, waiter):
-        status = conn.execute(sa.select(entries.c.status).where(entries.c.id == waiter)).scalar()
-        return int(waiter) if status == Status.QUEUED else None
     until = from_db(lock["waiting_until"])
-    return int(waiter) if until is not None and until > at else None
+    return int(waiter) if waiter is not None and until is not None and until > at else None
+
+
+def _held(conn: Connection, task_key: str) -> list[int]:
+    """The task's dues held at their tick without a run yet, in the order of their dues."""
+    query = (
+        sa.select(entries)
+        .where(entries.c.task_key == task_key, entries.c.status == Status.QUEUED)
+        .where(entries.c.origin == Origin.DUE)
+        .order_by(entries.c.due, entries.c.id)
+    )
+    found = (entry_from_row(r) for r in conn.execute(query).mappings())
+    return [e.id for e in found if is_held(e)]
 
 
 def _set_waiter(

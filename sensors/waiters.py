@@ -1,12 +1,12 @@
 """The waiters duty (``waiter_duty``, run by ``ledger_sensor``): launches the run of a due that
 waited for its turn without one.
 
-Under overlap ``buffer_one``, a due whose tick finds its task at work is written ``queued`` and
-marked the task's waiter, and no run is requested (``orchestration/overlap.py``,
-``decide_at_tick``): nothing holds a run worker while the task runs. This duty asks the ledger
-for those waiters whose task is free now (``released_waiters``) and requests each one's run,
-with run key ``<task>@<due>#waiter``: a tick that asks again before the run claims gets the
-same key, and Dagster finds the run it made. A waiter whose due lies in a pause of its task
+Under overlap ``buffer_one``, a due whose tick finds its task at work is written ``queued``,
+held, and no run is requested (``orchestration/overlap.py``, ``decide_at_tick``): nothing holds
+a run worker while the task runs. This duty asks the ledger for the first held due of each task
+that is free now (``released_waiters``) and requests its run, with run key
+``<task>@<due>#waiter``: a tick that asks again before the run claims gets the same key, and
+Dagster finds the run it made. A waiter whose due lies in a pause of its task
 is written ``skipped`` with the pause's reason instead (``skip_paused_due``, the claim's own
 decision), so no run starts only to skip itself.
 """

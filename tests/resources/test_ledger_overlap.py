@@ -236,6 +236,42 @@ def test_buffer_one_holds_one_due_at_its_tick_without_a_run_until_the_task_is_fr
     assert released_waiters(ledger, [TASK]) == []  # claimed: no longer a waiter
 
 
+def test_held_dues_run_in_the_order_of_their_dues(ledger: RunLedger) -> None:
+    # The task ends before the held due's run is launched (ledger_sensor's next tick), and
+    # the next due ticks meanwhile: it is held behind the first, not run ahead of it.
+    spec = _spec(OverlapPolicy.BUFFER_ONE)
+    busy = running(ledger)
+    first = decide_at_tick(ledger, spec, Due(DUE + SLOT))
+    assert first is not None and first.waits
+    ledger.succeed(busy.id, "run-a")
+    second = decide_at_tick(ledger, spec, Due(DUE + 2 * SLOT))
+    assert second is not None and second.waits
+    assert second.reason == f"overlap: entry {first.entry.id} runs first"
+    third = decide_at_tick(ledger, spec, Due(DUE + 3 * SLOT))
+    assert third is not None and third.entry.status == Status.SKIPPED
+    assert third.entry.error == f"overlap: entry {second.entry.id} already waiting"
+    # A UI run meanwhile, with the task free, runs; the held dues wait for it.
+    ui = ledger.ensure_entry(task_key=TASK, trigger=Trigger.MANUAL, dedup_key="manual:r1")
+    found = claim_with_overlap(ledger, ui.id, "run-ui", policy="buffer_one", lease_ttl=TTL)
+    assert found.decision.action is OverlapAction.CLAIM
+    assert released_waiters(ledger, [TASK]) == []
+    ledger.succeed(ui.id, "run-ui")
+    # Released one at a time, first due first.
+    assert [e.id for e in released_waiters(ledger, [TASK])] == [first.entry.id]
+    claimed = claim_with_overlap(
+        ledger, first.entry.id, "run-1", policy="buffer_one", lease_ttl=TTL
+    )
+    assert claimed.decision.action is OverlapAction.CLAIM
+    # While it runs, a UI run is skipped for the due held behind it.
+    ui2 = ledger.ensure_entry(task_key=TASK, trigger=Trigger.MANUAL, dedup_key="manual:r2")
+    skipped = claim_with_overlap(ledger, ui2.id, "run-ui2", policy="buffer_one", lease_ttl=TTL)
+    assert skipped.decision.action is OverlapAction.SKIP
+    assert skipped.decision.reason == f"overlap: entry {second.entry.id} already waiting"
+    assert released_waiters(ledger, [TASK]) == []
+    ledger.succeed(first.entry.id, "run-1")
+    assert [e.id for e in released_waiters(ledger, [TASK])] == [second.entry.id]
+
+
 def test_a_held_waiter_ended_otherwise_no_longer_holds_the_task(ledger: RunLedger) -> None:
     # A waiter skipped by a pause (or ended by an operator) is no waiter: the next due that
     # finds the task busy becomes the waiter, instead of every due being skipped for good.
