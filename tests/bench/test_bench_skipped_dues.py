@@ -14,9 +14,7 @@ def test_a_skipped_or_held_due_creates_no_run_and_is_recorded_once(tmp_path):
     bench, rows = read_json(path)
     assert bench == "skipped_dues"
     checks = [r for r in rows if r.kind == KIND_CHECK]
-    assert [r.measurement.split("(overlap ")[1][:4] for r in checks] == 2 * ["skip"] + 2 * [
-        "buff"
-    ]
+    assert [r.measurement.split("(overlap ")[1][:4] for r in checks] == 2 * ["skip"] + 2 * ["buff"]
     for runs, recorded in (checks[0:2], checks[2:4]):
         assert (runs.value, runs.baseline, runs.met) == (0.0, 1.0, True)
         assert (recorded.value, recorded.met) == (3.0, True)
