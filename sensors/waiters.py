@@ -20,7 +20,7 @@ import dagster as dg
 
 from orchestration.overlap import released_waiters
 from orchestration.pause import skip_paused_due
-from orchestration.task_spec import OverlapPolicy, TaskView
+from orchestration.task_spec import TaskView
 from resources.core.due import Due
 from resources.core.entry import Status
 from resources.ledger import RunLedger
@@ -28,9 +28,10 @@ from sensors.support import Duty, DutyContext, due_run_request
 
 
 def waiter_duty(views: Sequence[TaskView]) -> Duty:
-    """Waiters: each ``buffer_one`` task's due that waits without a run gets its run once the
-    task is free."""
-    by_key = {v.spec.key: v for v in views if v.spec.overlap_policy == OverlapPolicy.BUFFER_ONE}
+    """Waiters: each task's first held due gets its run once the task is free. Every task of
+    ``views`` is asked, not only those under ``buffer_one`` now: a due held before its task's
+    policy changed still gets its run (its claim decides under the policy of the day)."""
+    by_key = {v.spec.key: v for v in views}
 
     def release(context: DutyContext, ledger: RunLedger, now: datetime) -> dg.SensorResult:
         requests: list[dg.RunRequest] = []

@@ -64,6 +64,15 @@ def test_a_free_tasks_waiter_gets_one_run_request_with_its_dues_tags(ledger: Run
     assert ledger.get(waiter).status == Status.QUEUED  # type: ignore[union-attr]
 
 
+def test_a_due_held_before_its_policy_changed_still_gets_its_run(ledger: RunLedger) -> None:
+    busy, _ = _held_waiter(ledger)
+    ledger.succeed(busy, "run-a")
+    now_queue = TaskSpec(key=TASK, rule=EverySlots(1), declared_cadence="x")
+    duty = waiter_duty(build_views([now_queue], 15, "UTC"))
+    (request,) = duty.body(_context(), ledger, NOW).run_requests
+    assert request.run_key == f"{TASK}@2026-11-30T23:00:00Z#waiter"
+
+
 def test_a_paused_waiter_is_written_skipped_and_gets_no_run(ledger: RunLedger) -> None:
     duty = waiter_duty(build_views([SPEC], 15, "UTC"))
     busy, waiter = _held_waiter(ledger)
