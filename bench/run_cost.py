@@ -8,8 +8,9 @@ Every figure is a whole process, measured by this script with ``os.wait4`` (CPU 
 system seconds of the process and the children it waited for; peak memory = its largest
 resident set, ``ru_maxrss``):
 
-- **load**: ``python -c "import orchestration.definitions"`` (what every code server, run
-  worker and step process pays first) against ``python -c "import bare_location"``;
+- **load**: ``import orchestration.definitions`` and building its ``defs()`` (what every code
+  server, run worker and step process pays first; the location is built when Dagster loads
+  it, not at import) against ``import bare_location`` (its Definitions built at import);
 - **load into a Dagster process**: the same imports in a process that has first opened its
   Dagster instance (``DagsterInstance.get()`` and one run-storage read), as a code server and
   a run worker have before they execute anything. Dagster's storage imports SQLAlchemy
@@ -66,6 +67,13 @@ TASK_JOBS = {spec.key: spec.job_name for spec in registered_tasks()}
 OPEN_INSTANCE = "import dagster as dg; dg.DagsterInstance.get().get_runs(limit=1)"
 
 
+def load_snippet(module: str) -> str:
+    """Import the location and build its definitions, as Dagster does when it loads it:
+    dueledger's ``defs`` is a ``@dg.definitions`` function, the bare location's a
+    Definitions built at import."""
+    return f"import {module} as location; callable(location.defs) and location.defs()"
+
+
 @dataclass(frozen=True)
 class Cost:
     """One process: CPU seconds (user + system, with its waited-for children), peak MiB."""
@@ -97,12 +105,18 @@ class Side:
     log: Path
 
     def load(self) -> Cost:
-        cmd = [sys.executable, "-W", "ignore", "-c", f"import {self.module}"]
+        cmd = [sys.executable, "-W", "ignore", "-c", load_snippet(self.module)]
         return measure(cmd, cwd=self.cwd, env=self.env, log=self.log)
 
     def load_in_dagster(self) -> Cost:
         """The location's import in a process that has its Dagster instance open first."""
-        cmd = [sys.executable, "-W", "ignore", "-c", f"{OPEN_INSTANCE}; import {self.module}"]
+        cmd = [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            f"{OPEN_INSTANCE}; {load_snippet(self.module)}",
+        ]
         return measure(cmd, cwd=self.cwd, env=self.env, log=self.log)
 
     def run(self, job: str, tags: str | None = None) -> Cost:
@@ -250,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         if not all(c.ok for c in costs)
     ]
     rows += ratio_rows(
-        "loading the code location (`python -c 'import orchestration.definitions'`)",
+        "loading the code location (`import orchestration.definitions`, then `defs()` built)",
         f"{len(registered_tasks())} tasks",
         "one-asset Dagster location",
         LOAD_TARGET,

@@ -55,8 +55,10 @@ instance.get_runs(limit=1)
 marks.append(clock())
 import importlib
 module = importlib.import_module(sys.argv[1])
+# dueledger's defs is a @dg.definitions function, built when Dagster loads the location.
+defs = module.defs() if callable(module.defs) else module.defs
 marks.append(clock())
-job = module.defs.resolve_job_def(sys.argv[2])
+job = defs.resolve_job_def(sys.argv[2])
 marks.append(clock())
 tags = json.loads(sys.argv[3])
 result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)

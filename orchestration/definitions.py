@@ -80,4 +80,10 @@ def build_definitions(
     )
 
 
-defs = build_definitions(load_settings())
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location over every registered task, built when Dagster loads it (a code
+    server, a run worker, `dg`), not when this module is imported: whoever only needs
+    ``build_definitions`` or ``build_resources`` (a test's own location, the scale
+    benchmark's) pays for one build, not two."""
+    return build_definitions(load_settings())

@@ -58,18 +58,19 @@ def test_dg_list_defs_lists_the_code_location(dg_env: dict[str, str]):
     result = _dg(dg_env, "list", "defs", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     listed = json.loads(result.stdout)
+    location = defs()
 
     jobs = {job["name"] for job in listed["jobs"]}
     schedules = {schedule["name"] for schedule in listed["schedules"]}
     sensors = {sensor["name"] for sensor in listed["sensors"]}
     assets = {asset["asset_key"] for asset in listed["assets"]}
 
-    assert jobs == {job.name for job in defs.jobs or []}
-    assert schedules == {schedule.name for schedule in defs.schedules or []}
-    assert sensors == {sensor.name for sensor in defs.sensors or []}
+    assert jobs == {job.name for job in location.jobs or []}
+    assert schedules == {schedule.name for schedule in location.schedules or []}
+    assert sensors == {sensor.name for sensor in location.sensors or []}
     assert assets == {
         key.to_user_string()
-        for asset in defs.assets or []
+        for asset in location.assets or []
         if isinstance(asset, dg.AssetsDefinition)
         for key in asset.keys
     }
@@ -108,12 +109,13 @@ def test_dg_loading_the_defs_folder_builds_the_code_locations_tasks():
 
     loaded = dg.load_from_defs_folder(path_within_project=PROJECT_ROOT)
     core = [task for task in registered_tasks() if task.source == SOURCE_CORE]
+    location = defs()
     assert core, "no core task declared"
     assert {a.key.to_user_string() for a in loaded.assets or []} == {t.key for t in core}
     assert {j.name for j in loaded.jobs or []} == {t.job_name for t in core}
     assert {s.name for s in loaded.schedules or []} == {t.schedule_name for t in core}
     for task in core:
-        mine = defs.resolve_schedule_def(task.schedule_name)
+        mine = location.resolve_schedule_def(task.schedule_name)
         theirs = next(s for s in loaded.schedules or [] if s.name == task.schedule_name)
         assert (theirs.cron_schedule, theirs.execution_timezone, theirs.default_status) == (
             mine.cron_schedule,

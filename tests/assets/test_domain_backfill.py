@@ -156,7 +156,7 @@ def test_a_backfill_of_today_is_not_computed_ahead_of_time(stores):
 
 
 def test_the_schedule_requests_the_partition_of_its_dues_day(tmp_path):
-    schedule = defs.resolve_schedule_def("billing_maintenance_schedule")
+    schedule = defs().resolve_schedule_def("billing_maintenance_schedule")
     ledger = RunLedger(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.migrate()  # the tick reads the task's pauses there (none)
     with (

@@ -58,7 +58,9 @@ def test_the_bench_location_is_the_real_assembly_over_the_generated_tasks(tmp_pa
     # assembly changes shape (a sensor, a resource), this shows it.
     import dagster as dg
 
-    from orchestration.definitions import defs as real
+    from orchestration.definitions import defs
+
+    real = defs()
 
     locations = scale_location.write_locations(tmp_path, 3, 15)
     ours = locations[scale_location.DUELEDGER]

@@ -101,12 +101,13 @@ def _runs(instance: dg.DagsterInstance) -> list[dict[str, Any]]:
 def installed() -> dict[str, Any]:
     import orchestration.definitions as location
 
+    defs = location.defs()
     out: dict[str, Any] = {
-        "jobs": sorted(j.name for j in location.defs.resolve_all_job_defs()),
-        "schedules": sorted(s.name for s in location.defs.schedules or ()),
-        "sensors": sorted(s.name for s in location.defs.sensors or ()),
+        "jobs": sorted(j.name for j in defs.resolve_all_job_defs()),
+        "schedules": sorted(s.name for s in defs.schedules or ()),
+        "sensors": sorted(s.name for s in defs.sensors or ()),
         "redispatch_jobs": sorted(
-            j.name for s in location.defs.sensors or () if s.name == "ledger_sensor" for j in s.jobs
+            j.name for s in defs.sensors or () if s.name == "ledger_sensor" for j in s.jobs
         ),
     }
     out["tasks_json"] = json.loads(_cli("tasks", "--json")[1])
@@ -146,7 +147,7 @@ def uninstalled() -> dict[str, Any]:
 
     logging.getLogger("dueledger.alerts").addHandler(Alerts())
     out: dict[str, Any] = {
-        "jobs": sorted(j.name for j in location.defs.resolve_all_job_defs()),
+        "jobs": sorted(j.name for j in location.defs().resolve_all_job_defs()),
         "tasks_json": [r["key"] for r in json.loads(_cli("tasks", "--json")[1])],
     }
     with _instance("mocked") as (instance, ctx):

@@ -8,6 +8,8 @@ import dagster as dg
 from orchestration.declarations import task_views
 from orchestration.definitions import defs
 
+DEFS = defs()  # the code location, built once for this module
+
 EXPECTED = {
     "order_cleanup": {
         "job": "order_cleanup_job",
@@ -94,12 +96,12 @@ SINGLE_ATTEMPT = {"tick_every_slot", "tick_every_minute", "tick_every_five_minut
 
 
 def test_definitions_load():
-    dg.Definitions.validate_loadable(defs)
+    dg.Definitions.validate_loadable(DEFS)
 
 
 def test_tasks_jobs_schedules_crons_and_cadences_match_the_snapshot():
     actual = {}
-    for schedule in defs.schedules or []:
+    for schedule in DEFS.schedules or []:
         metadata = schedule.metadata
         key = schedule.name.removesuffix("_schedule")
         actual[key] = {
@@ -122,14 +124,14 @@ def test_every_task_asset_is_in_its_tasks_pool_so_any_launch_waits_its_turn():
         "log_archive",
     }
     for key in EXPECTED:
-        job = defs.resolve_job_def(f"{key}_job")
+        job = DEFS.resolve_job_def(f"{key}_job")
         pools = {node.definition.pool for node in job.graph.node_dict.values()}
         assert pools == ({key} if policies[key] == "queue" else {None}), key
 
 
 def test_every_task_job_tags_its_runs_for_the_ledger_and_the_queue():
     for key in EXPECTED:
-        job = defs.resolve_job_def(f"{key}_job")
+        job = DEFS.resolve_job_def(f"{key}_job")
         assert job.run_tags["dueledger/task"] == key
         # max_attempts 3, or 1 for SINGLE_ATTEMPT tasks
         assert job.run_tags["dagster/max_retries"] == ("0" if key in SINGLE_ATTEMPT else "2")
@@ -141,7 +143,7 @@ LEDGER_HEALTH_CHECKS = {"no_stale_leases", "no_lost_retries", "no_unledgered_fai
 
 def test_asset_checks_match_the_snapshot():
     actual: dict[str, set[str]] = {}
-    for checks_def in defs.asset_checks or []:
+    for checks_def in DEFS.asset_checks or []:
         for key in checks_def.check_keys:
             actual.setdefault(key.asset_key.to_user_string(), set()).add(key.name)
     expected = {key: {"latest_due_accounted_for"} for key in EXPECTED}
@@ -153,8 +155,8 @@ def test_a_policy_that_is_off_reads_none_in_the_uis_metadata():
     # Job and schedule metadata once showed `pause_after_failures 0` and `deadline_seconds 0`
     # where `dueledger tasks` says null: 0 reads as a value.
     for definition in (
-        defs.resolve_job_def("order_cleanup_job"),
-        defs.resolve_schedule_def("order_cleanup_schedule"),
+        DEFS.resolve_job_def("order_cleanup_job"),
+        DEFS.resolve_schedule_def("order_cleanup_schedule"),
     ):
         for key in ("dueledger/pause_after_failures", "dueledger/deadline_seconds"):
             assert definition.metadata[key].value == "none", (definition.name, key)

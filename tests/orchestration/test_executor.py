@@ -24,8 +24,9 @@ def test_every_task_job_runs_its_step_in_process() -> None:
     from orchestration.declarations import registered_tasks
     from orchestration.definitions import defs
 
+    location = defs()
     for spec in registered_tasks():
-        job = defs.resolve_job_def(spec.job_name)
+        job = location.resolve_job_def(spec.job_name)
         assert job.executor_def is dg.in_process_executor, spec.job_name
         assert len(job.nodes) == 1, f"{spec.job_name} has more than one step"
 
@@ -64,5 +65,5 @@ def test_the_catalogs_materialize_runs_in_process_too() -> None:
     # location's default: one process per run there as well.
     from orchestration.definitions import defs
 
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs().resolve_implicit_global_asset_job_def()
     assert job.executor_def is dg.in_process_executor

@@ -46,7 +46,7 @@ with dg.DagsterInstance.get() as instance:
     instance.get_runs(limit=1)
 before = set(sys.modules)
 import orchestration.definitions as d
-jobs = sorted(job.name for job in d.defs.resolve_all_job_defs())
+jobs = sorted(job.name for job in d.defs().resolve_all_job_defs())
 added = sorted({m.split(".")[0] for m in set(sys.modules) - before})
 print(json.dumps({
     "jobs": jobs,
@@ -108,7 +108,7 @@ import json, sys
 import dagster as dg
 instance = dg.DagsterInstance.get()
 import orchestration.definitions as d
-job = d.defs.resolve_job_def(sys.argv[1])
+job = d.defs().resolve_job_def(sys.argv[1])
 result = job.execute_in_process(instance=instance, tags=json.loads(sys.argv[2]))
 heavy = sorted(m for m in sys.argv[3:] if m in sys.modules)
 print(json.dumps({"ok": result.success, "heavy": heavy}))
@@ -152,3 +152,35 @@ def test_only_a_run_whose_asset_uses_pandas_imports_it(
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"ok": True, "heavy": heavy}
+
+
+def test_importing_the_location_module_builds_nothing_until_dagster_loads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process that imports orchestration.definitions only for build_definitions or
+    # build_resources (a test's own location, the scale bench's over its generated tasks)
+    # must not build the whole location first: at 500 tasks that doubled a run worker's load.
+    import importlib
+
+    import dagster as dg
+
+    import orchestration.definitions as location
+    import orchestration.task_defs as task_defs
+
+    built: list[str] = []
+    real = task_defs.task_definitions
+
+    def counting(declared: Any, *args: Any, **kwargs: Any) -> Any:
+        built.append(declared.spec.key)
+        return real(declared, *args, **kwargs)
+
+    monkeypatch.setattr(task_defs, "task_definitions", counting)
+    try:
+        importlib.reload(location)  # the module's body, as a fresh import runs it
+        assert built == [], f"importing the module built {len(built)} task(s)"
+        loaded = location.defs()  # what Dagster calls when it loads the location
+        assert isinstance(loaded, dg.Definitions)
+        assert sorted(built) == sorted(spec.key for spec in registered_tasks())
+    finally:
+        monkeypatch.undo()
+        importlib.reload(location)

@@ -215,7 +215,7 @@ def test_a_spec_claiming_a_bogus_source_is_invalid() -> None:
 def test_the_resources_a_plugin_asset_may_need_are_the_code_locations() -> None:
     import orchestration.definitions as location
 
-    provided = set(location.defs.resources or {}) | {"io_manager"}
+    provided = set(location.defs().resources or {}) | {"io_manager"}
     assert provided == set(LOCATION_RESOURCE_KEYS)
 
 

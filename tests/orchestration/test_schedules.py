@@ -10,13 +10,14 @@ from resources.core import tags as t
 from resources.core.entry import Trigger
 from resources.ledger import RunLedger
 
-SCHEDULES = sorted(s.name for s in defs.schedules or [])
+DEFS = defs()  # the code location, built once for this module
+SCHEDULES = sorted(s.name for s in DEFS.schedules or [])
 # A slot start that every rule of the default registry is due at (midnight UTC).
 MIDNIGHT = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 
 
 def _evaluate(name: str, when: datetime, instance: dg.DagsterInstance):
-    schedule = defs.resolve_schedule_def(name)
+    schedule = DEFS.resolve_schedule_def(name)
     with dg.build_schedule_context(
         instance=instance, scheduled_execution_time=when, resources={"ledger": _LEDGER[0]}
     ) as context:
@@ -64,7 +65,7 @@ def test_run_key_equals_the_due_tag_and_the_slot_start(name, instance):
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_the_next_due_gives_a_different_run_key(name, instance):
-    schedule = defs.resolve_schedule_def(name)
+    schedule = DEFS.resolve_schedule_def(name)
     # The next fire of this schedule after midnight, whatever its cadence.
     from croniter import croniter
 
@@ -89,13 +90,13 @@ def test_evaluation_does_not_depend_on_the_wall_clock(name, instance):
 
 def test_schedules_are_running_by_default():
     for name in SCHEDULES:
-        assert defs.resolve_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
+        assert DEFS.resolve_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
 
 
 def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance, monkeypatch):
     # context.log opens a compute-log stream (an upload per tick with a cloud compute-log
     # manager); with nothing to log a plain tick must not touch it.
-    schedule = defs.resolve_schedule_def("order_cleanup_schedule")  # due every slot
+    schedule = DEFS.resolve_schedule_def("order_cleanup_schedule")  # due every slot
     with dg.build_schedule_context(
         instance=instance, scheduled_execution_time=MIDNIGHT, resources={"ledger": _LEDGER[0]}
     ) as context:
@@ -111,5 +112,5 @@ def test_a_tick_without_plugin_listeners_does_not_open_the_compute_log(instance,
 def test_no_schedule_carries_a_frozen_list_of_next_dues():
     # A list computed at the code location's load went stale within a slot and disagreed with
     # `dueledger dues`; ledger_health's table shows each task's next due, fresh every slot.
-    for schedule in defs.schedules or []:
+    for schedule in DEFS.schedules or []:
         assert "dueledger/next_dues" not in schedule.metadata, schedule.name

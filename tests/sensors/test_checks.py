@@ -145,6 +145,7 @@ def test_every_task_asset_of_the_code_location_has_the_check() -> None:
     from orchestration.declarations import registered_tasks
     from orchestration.definitions import defs
 
+    location = defs()
     for spec in registered_tasks():
         key = dg.AssetCheckKey(dg.AssetKey(spec.asset), acc.CHECK_NAME)
-        assert key in defs.get_asset_checks_def(key).check_keys
+        assert key in location.get_asset_checks_def(key).check_keys

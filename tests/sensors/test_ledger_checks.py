@@ -408,9 +408,10 @@ def test_the_code_location_declares_the_ledger_checks_on_ledger_health() -> None
     # Imported here: the code location's module is loaded only by this test of the file.
     from orchestration.definitions import defs
 
+    location = defs()
     for name in lc.LEDGER_CHECK_NAMES:
         key = dg.AssetCheckKey(dg.AssetKey("ledger_health"), name)
-        assert key in defs.get_asset_checks_def(key).check_keys
+        assert key in location.get_asset_checks_def(key).check_keys
     # The task's own run does not run them: they are not steps of ledger_health_job.
-    job = defs.resolve_job_def("ledger_health_job")
+    job = location.resolve_job_def("ledger_health_job")
     assert [n.name for n in job.graph.node_dict.values()] == ["ledger_health"]
